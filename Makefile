@@ -1,0 +1,40 @@
+# BML-INA. `make run` sets up and runs the demo; `make test` runs the tests.
+PY := .venv/bin/python
+TARGET ?= soft
+
+.PHONY: setup build run test test-bmv2 bench lint docker-build docker-run docker-test clean
+
+setup:
+	@bash tools/setup.sh
+
+build: setup
+	@bash tools/build_p4.sh
+
+run: setup
+	$(PY) -m emulation.demo --target $(TARGET)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-bmv2: setup
+	BMV2_SWITCH=$${BMV2_SWITCH:-/opt/bmv2/bin/simple_switch_grpc} $(PY) -m pytest -q tests/test_packets.py -k bmv2
+
+bench: setup
+	$(PY) -m benchmarks.switch_pps
+	$(PY) -m benchmarks.allreduce_gst
+
+lint: setup
+	$(PY) -m ruff check .
+
+docker-build:
+	docker compose run --rm p4c
+
+docker-run:
+	docker compose run --rm demo
+
+docker-test:
+	docker compose run --rm test
+
+clean:
+	-$(PY) -m emulation.net --name demo down
+	rm -rf results .pytest_cache

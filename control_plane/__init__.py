@@ -1,0 +1,1 @@
+"""BML-INA control plane: topology, P4Runtime sessions, provisioning, jobs, health."""

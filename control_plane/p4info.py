@@ -1,0 +1,149 @@
+"""The compiled pipeline in ``p4src/build``: where it lives, and name-to-id look-ups in its P4Info.
+
+Both the control plane (to build P4Runtime messages) and the software target (to understand
+them) read the P4Info through this one class, so neither hard-codes an id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from google.protobuf import text_format
+from p4.config.v1 import p4info_pb2
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+P4SRC_DIR = REPO_ROOT / "p4src"
+BUILD_DIR = P4SRC_DIR / "build"
+P4INFO_PATH = BUILD_DIR / "bml.p4info.txtpb"
+BMV2_JSON_PATH = BUILD_DIR / "bml.json"
+SOURCE_HASH_PATH = BUILD_DIR / "p4src.sha256"
+
+
+def p4_sources() -> list[Path]:
+    """Every P4 source file that the build depends on, in a stable order."""
+    return sorted(p for p in P4SRC_DIR.rglob("*.p4") if BUILD_DIR not in p.parents)
+
+
+def p4_source_hash() -> str:
+    """SHA-256 over the P4 sources' relative paths and contents."""
+    digest = hashlib.sha256()
+    for path in p4_sources():
+        digest.update(str(path.relative_to(P4SRC_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+class PipelineNotBuilt(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    id: int
+    name: str
+    match_fields: dict[str, tuple[int, int]]  # name -> (field id, bitwidth), in key order
+    actions: dict[str, int]  # action name -> action id
+
+
+@dataclass(frozen=True)
+class ActionInfo:
+    id: int
+    name: str
+    params: dict[str, tuple[int, int]]  # name -> (param id, bitwidth), in order
+
+
+class P4Info:
+    """Index of a P4Info message by the names used in the P4 program."""
+
+    def __init__(self, message: p4info_pb2.P4Info) -> None:
+        self.message = message
+        self.actions: dict[str, ActionInfo] = {}
+        self.action_by_id: dict[int, ActionInfo] = {}
+        for action in message.actions:
+            info = ActionInfo(
+                action.preamble.id,
+                action.preamble.name,
+                {p.name: (p.id, p.bitwidth) for p in action.params},
+            )
+            self.actions[info.name] = info
+            self.action_by_id[info.id] = info
+        self.tables: dict[str, TableInfo] = {}
+        self.table_by_id: dict[int, TableInfo] = {}
+        for table in message.tables:
+            info = TableInfo(
+                table.preamble.id,
+                table.preamble.name,
+                {m.name: (m.id, m.bitwidth) for m in table.match_fields},
+                {self.action_by_id[ref.id].name: ref.id for ref in table.action_refs},
+            )
+            self.tables[info.name] = info
+            self.table_by_id[info.id] = info
+        self.counters: dict[str, tuple[int, int]] = {
+            c.preamble.name: (c.preamble.id, c.size) for c in message.counters
+        }
+        self.counter_by_id = {cid: name for name, (cid, _) in self.counters.items()}
+        self.packet_out_metadata: dict[str, tuple[int, int]] = {}
+        for header in message.controller_packet_metadata:
+            if header.preamble.name == "packet_out":
+                self.packet_out_metadata = {m.name: (m.id, m.bitwidth) for m in header.metadata}
+
+    def table(self, name: str) -> TableInfo:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise KeyError(f"no table {name!r} in the P4Info") from None
+
+    def action(self, name: str) -> ActionInfo:
+        try:
+            return self.actions[name]
+        except KeyError:
+            raise KeyError(f"no action {name!r} in the P4Info") from None
+
+    def counter_id(self, name: str) -> int:
+        try:
+            return self.counters[name][0]
+        except KeyError:
+            raise KeyError(f"no counter {name!r} in the P4Info") from None
+
+
+def parse_p4info_text(text: str) -> p4info_pb2.P4Info:
+    message = p4info_pb2.P4Info()
+    text_format.Merge(text, message)
+    return message
+
+
+@cache
+def built_p4info() -> P4Info:
+    """The P4Info that p4c produced for ``p4src/``."""
+    if not P4INFO_PATH.exists():
+        raise PipelineNotBuilt(f"{P4INFO_PATH} is missing: run `make build`")
+    return P4Info(parse_p4info_text(P4INFO_PATH.read_text()))
+
+
+@cache
+def built_device_config() -> bytes:
+    """The BMv2 JSON that p4c produced; the software target accepts exactly these bytes."""
+    if not BMV2_JSON_PATH.exists():
+        raise PipelineNotBuilt(f"{BMV2_JSON_PATH} is missing: run `make build`")
+    return BMV2_JSON_PATH.read_bytes()
+
+
+class Names:
+    """Fully qualified names of the P4 objects the control plane programs (see p4src/)."""
+
+    L2_FORWARD = "BmlIngress.forwarding.l2_forward"
+    FORWARD_TO = "BmlIngress.forwarding.forward_to"
+    JOB_CONFIG = "BmlIngress.admission.job_config"
+    SET_JOB = "BmlIngress.admission.set_job"
+    WORKER_ADMISSION = "BmlIngress.admission.worker_admission"
+    ADMIT = "BmlIngress.admission.admit"
+    OWNER_ROUTE = "BmlIngress.result_routing.owner_route"
+    ROUTE_TO_OWNER = "BmlIngress.result_routing.route_to_owner"
+    HOST_ADDRESS = "BmlEgress.egress_rewrite.host_address"
+    SET_HOST_ADDRESS = "BmlEgress.egress_rewrite.set_host_address"
+    STATS = "BmlIngress.stats"
+    DROPS = "BmlIngress.drops"
+    UNADDRESSED = "BmlEgress.egress_rewrite.unaddressed"

@@ -1,0 +1,74 @@
+"""Provisioning: a topology's switches get the pipeline and their entries; jobs come and go."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from control_plane.admission import admission_entries
+from control_plane.aggregation import reset_frames
+from control_plane.egress_rewrite import host_address_entries
+from control_plane.forwarding import forwarding_entries
+from control_plane.jobs import AggregationGroup
+from control_plane.p4info import Names
+from control_plane.result_routing import group_ports, owner_entries
+from control_plane.session import SwitchSession
+from control_plane.topology import Switch, Topology
+from hosts.protocol import Stat
+
+
+def provision_switch(session: SwitchSession, topology: Topology, switch: Switch) -> None:
+    """Pipeline, forwarding and host addresses: everything that does not depend on jobs."""
+    session.push_pipeline()
+    session.write_entries(forwarding_entries(topology, switch))
+    session.write_entries(host_address_entries(topology, switch))
+
+
+def install_group(session: SwitchSession, switch: Switch, group: AggregationGroup,
+                  timeout: float = 10.0) -> None:
+    """Entries, multicast group, then a data-plane reset of the group's slots.
+
+    The reset is confirmed through the RESET counter, so a job never starts on slots that
+    still hold another job's partial sums.
+    """
+    session.write_entries(admission_entries(group))
+    session.write_entries(owner_entries(group))
+    session.set_multicast_group(group.mcast_group, group_ports(group))
+    reset_slots(session, switch, group, timeout)
+
+
+def reset_slots(session: SwitchSession, switch: Switch, group: AggregationGroup,
+                timeout: float = 10.0) -> None:
+    before = session.read_counter(Names.STATS)[Stat.RESET]
+    for frame in reset_frames(switch, group):
+        session.packet_out(frame)
+    deadline = time.monotonic() + timeout
+    while session.read_counter(Names.STATS)[Stat.RESET] - before < group.pool_size:
+        if time.monotonic() > deadline:
+            done = session.read_counter(Names.STATS)[Stat.RESET] - before
+            raise TimeoutError(f"switch {session.name}: only {done} of {group.pool_size} slot "
+                               f"resets for job {group.job_id} took effect within {timeout} s")
+        time.sleep(0.02)
+
+
+def remove_group(session: SwitchSession, switch: Switch, group: AggregationGroup) -> None:
+    """Reset the slots through the data plane, then delete the job's entries."""
+    reset_slots(session, switch, group)
+    session.set_multicast_group(group.mcast_group, [], kind="DELETE")
+    session.write_entries(owner_entries(group), kind="DELETE")
+    session.write_entries(admission_entries(group)[::-1], kind="DELETE")
+
+
+@contextmanager
+def sessions(switches: dict[str, tuple[str, int]], election_id: tuple[int, int] = (0, 2),
+             timeout: float = 5.0) -> Iterator[dict[str, SwitchSession]]:
+    """Sessions to several switches (name -> (address, device id)), all closed on exit."""
+    opened: dict[str, SwitchSession] = {}
+    try:
+        for name, (address, device_id) in switches.items():
+            opened[name] = SwitchSession(name, address, device_id, election_id, timeout)
+        yield opened
+    finally:
+        for session in opened.values():
+            session.close()

@@ -1,0 +1,163 @@
+"""Topologies: BCube(n, k) as DESIGN.md defines it, the single-switch star, and addressing.
+
+BCube(n, k): k levels, N = n**k servers, k * n**(k-1) switches of n ports. Server a has digits
+(a_(k-1) ... a_0) in base n; its NIC l goes to the level-l switch that joins every server equal
+to a except in digit l, on port a_l + 1. A star of N servers is BCube(N, 1): one switch, one
+NIC per server. Each level is one IPv4 subnet, 10.(l+1).0.0/16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+MAX_SERVERS = 1000  # what the addressing plan numbers; the emulation caps it lower
+
+
+class TopologyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Nic:
+    server: int
+    level: int
+    switch: str
+    port: int
+
+    @property
+    def interface(self) -> str:
+        return f"eth{self.level}"
+
+    @property
+    def mac(self) -> str:
+        return _mac(0x00, self.level, self.server)
+
+    @property
+    def ip(self) -> str:
+        return f"10.{self.level + 1}.{self.server // 250}.{self.server % 250 + 1}"
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    level: int
+    index: int  # within its level
+    device_id: int  # unique across the topology, 1-based
+    servers: tuple[int, ...]  # servers on ports 1..n, in port order
+
+    @property
+    def mac(self) -> str:
+        return _mac(0xFF, self.level, self.index)
+
+    @property
+    def ip(self) -> str:
+        """The switch's aggregation address in its level's subnet."""
+        return f"10.{self.level + 1}.255.{self.index + 1}"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return tuple(range(1, len(self.servers) + 1))
+
+    def port_of(self, server: int) -> int:
+        return self.servers.index(server) + 1
+
+
+def _mac(kind: int, level: int, number: int) -> str:
+    return f"02:b1:{kind:02x}:{level:02x}:{number >> 8:02x}:{number & 0xFF:02x}"
+
+
+def mac_to_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def ip_to_int(ip: str) -> int:
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return a << 24 | b << 16 | c << 8 | d
+
+
+@dataclass(frozen=True)
+class Topology:
+    """BCube(n, k); ``kind`` says how the user named it (``star:N`` is BCube(N, 1))."""
+
+    n: int
+    k: int
+    kind: str = "bcube"
+
+    def __post_init__(self) -> None:
+        if self.n < 2:
+            raise TopologyError(f"n must be at least 2 (got n={self.n})")
+        if self.k < 1:
+            raise TopologyError(f"k must be at least 1 (got k={self.k})")
+        if self.n ** self.k > MAX_SERVERS:
+            raise TopologyError(f"BCube({self.n},{self.k}) has {self.n ** self.k} servers; "
+                                f"the addressing plan numbers at most {MAX_SERVERS}")
+
+    @classmethod
+    def parse(cls, spec: str) -> Topology:
+        """``star:N`` or ``bcube:n,k``."""
+        kind, _, args = spec.partition(":")
+        try:
+            numbers = [int(x) for x in args.split(",")] if args else []
+        except ValueError:
+            raise TopologyError(f"bad topology {spec!r}: numbers expected") from None
+        if kind == "star" and len(numbers) == 1:
+            return cls(numbers[0], 1, "star")
+        if kind == "bcube" and len(numbers) == 2:
+            return cls(numbers[0], numbers[1], "bcube")
+        raise TopologyError(f"bad topology {spec!r}: use star:N or bcube:n,k")
+
+    @property
+    def spec(self) -> str:
+        return f"star:{self.n}" if self.kind == "star" else f"bcube:{self.n},{self.k}"
+
+    @property
+    def num_servers(self) -> int:
+        return self.n ** self.k
+
+    @property
+    def num_switches(self) -> int:
+        return self.k * self.n ** (self.k - 1)
+
+    def digits(self, server: int) -> tuple[int, ...]:
+        """(a_0, a_1, ..., a_(k-1)): digit l is the server's position on its level-l switch."""
+        return tuple((server // self.n ** level) % self.n for level in range(self.k))
+
+    def server_of(self, digits: tuple[int, ...]) -> int:
+        return sum(d * self.n ** level for level, d in enumerate(digits))
+
+    def switch_index(self, server: int, level: int) -> int:
+        """Index within level ``level`` of the switch that server's NIC l attaches to."""
+        others = [d for lvl, d in enumerate(self.digits(server)) if lvl != level]
+        return sum(d * self.n ** i for i, d in enumerate(others))
+
+    @cached_property
+    def switches(self) -> tuple[Switch, ...]:
+        result = []
+        for level in range(self.k):
+            members: dict[int, list[int]] = {}
+            for server in range(self.num_servers):
+                members.setdefault(self.switch_index(server, level), []).append(server)
+            for index in sorted(members):
+                servers = sorted(members[index], key=lambda s: self.digits(s)[level])
+                name = "s0" if self.kind == "star" else f"s{level}_{index}"
+                result.append(Switch(name, level, index, len(result) + 1, tuple(servers)))
+        return tuple(result)
+
+    def switch(self, name: str) -> Switch:
+        for sw in self.switches:
+            if sw.name == name:
+                return sw
+        raise TopologyError(f"no switch {name!r} in {self.spec}")
+
+    def nics(self, server: int) -> tuple[Nic, ...]:
+        result = []
+        for level in range(self.k):
+            sw = self.switches[level * self.n ** (self.k - 1) + self.switch_index(server, level)]
+            result.append(Nic(server, level, sw.name, sw.port_of(server)))
+        return tuple(result)
+
+    def neighbours(self, server: int, level: int) -> tuple[int, ...]:
+        """The other servers on server's level-l switch."""
+        sw = self.switch(self.nics(server)[level].switch)
+        return tuple(s for s in sw.servers if s != server)

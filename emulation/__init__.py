@@ -1,0 +1,1 @@
+"""Emulated topologies on one Linux machine: namespaces, veths, tc, switch processes."""

@@ -1,0 +1,387 @@
+"""``bml-net``: bring an emulated BCube or star up on this machine, look at it, tear it down.
+
+One network namespace per server (interfaces eth0..eth(k-1)), one switch process per BCube
+switch (the software target, or simple_switch_grpc) on veth ends in the root namespace, tc
+netem where asked, then provisioning over P4Runtime. Everything made is written to
+``<run dir>/state.json`` as it is made, so ``down`` can remove it even after a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from control_plane.fabric import create as create_fabric
+from control_plane.p4info import REPO_ROOT
+from control_plane.topology import Topology, TopologyError
+from emulation import netns
+from emulation.netns import NetError, Shaping
+
+RUN_ROOT = Path(os.environ.get("BML_RUN_ROOT", "/tmp/bml-net"))
+SERVERS_PER_CORE = 16
+SWITCHES_PER_CORE = 8
+BMV2_SEARCH = ("/opt/bmv2/bin", "/usr/local/bin", "/usr/bin")
+
+
+def find_bmv2(explicit: str | None = None) -> str | None:
+    """simple_switch_grpc: $BMV2_SWITCH, then PATH, then the usual install prefixes."""
+    candidates = [explicit, os.environ.get("BMV2_SWITCH"), shutil.which("simple_switch_grpc")]
+    candidates += [f"{d}/simple_switch_grpc" for d in BMV2_SEARCH]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class SwitchProcess:
+    name: str
+    device_id: int
+    address: str
+    pid: int
+    ports: dict[int, str]
+    log: str
+
+
+@dataclass
+class State:
+    """What one emulation made; written after every step."""
+
+    name: str
+    topology: str
+    target: str
+    shaping: dict = field(default_factory=dict)
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    switches: dict[str, dict] = field(default_factory=dict)
+    pids: list[int] = field(default_factory=list)
+    jobs: dict[str, dict] = field(default_factory=dict)
+    ready: bool = False
+
+    @property
+    def tag(self) -> str:
+        return self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_ROOT / self.name
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(self.__dict__, indent=1, sort_keys=True))
+        tmp.replace(self.run_dir / "state.json")
+
+    @classmethod
+    def load(cls, name: str) -> State:
+        path = RUN_ROOT / name / "state.json"
+        if not path.exists():
+            raise NetError(f"no emulation named {name!r} is up (no {path})")
+        return cls(**json.loads(path.read_text()))
+
+    def topo(self) -> Topology:
+        return Topology.parse(self.topology)
+
+    def namespace_of(self, server: int) -> str:
+        return f"{self.tag}-h{server}"
+
+    def switch_addresses(self) -> dict[str, tuple[str, int]]:
+        return {name: (sw["address"], sw["device_id"]) for name, sw in self.switches.items()}
+
+
+def validate_name(name: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", name):
+        raise NetError(f"bad emulation name {name!r}: 1-6 lower-case letters or digits, "
+                       "starting with a letter")
+    return name
+
+
+def check_request(topology: Topology, target: str, bmv2: str | None) -> None:
+    """Every reason to refuse, before anything is created."""
+    if os.geteuid() != 0:
+        raise NetError("bml-net needs root (network namespaces)")
+    netns.require_tools()
+    cores = os.cpu_count() or 1
+    if topology.num_servers > SERVERS_PER_CORE * cores:
+        raise NetError(f"{topology.spec} has {topology.num_servers} servers; this machine "
+                       f"({cores} cores) holds at most {SERVERS_PER_CORE * cores}")
+    if topology.num_switches > SWITCHES_PER_CORE * cores:
+        raise NetError(f"{topology.spec} has {topology.num_switches} switches; this machine "
+                       f"({cores} cores) runs at most {SWITCHES_PER_CORE * cores}")
+    if target == "bmv2" and bmv2 is None:
+        raise NetError("--target bmv2 asked for, but simple_switch_grpc is not installed "
+                       "(set BMV2_SWITCH or put it on PATH)")
+    if target not in ("soft", "bmv2"):
+        raise NetError(f"unknown target {target!r}: soft or bmv2")
+
+
+def switch_command(target: str, bmv2: str | None, device_id: int, ports: dict[int, str],
+                   address: str) -> list[str]:
+    interfaces = [arg for port, name in sorted(ports.items()) for arg in ("-i", f"{port}@{name}")]
+    if target == "soft":
+        return [sys.executable, "-m", "soft_target.switch", "--device-id", str(device_id),
+                *interfaces, "--grpc-server-addr", address]
+    return [bmv2, "--device-id", str(device_id), *interfaces, "--no-p4",
+            "--thrift-port", str(free_tcp_port()), "--",
+            "--grpc-server-addr", address, "--cpu-port", "510"]
+
+
+def wait_for_port(address: str, pid: int, timeout: float, log: str) -> None:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tail = Path(log).read_text()[-800:] if Path(log).exists() else ""
+            raise NetError(f"switch process {pid} exited at start:\n{tail}") from None
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.05)
+    raise NetError(f"switch process {pid} did not listen on {address} within {timeout} s")
+
+
+def up(name: str, spec: str, target: str = "soft", shaping: Shaping | None = None,
+       bmv2: str | None = None, provision: bool = True) -> State:
+    """Create the emulation; on any failure, remove what was made and re-raise."""
+    validate_name(name)
+    topology = Topology.parse(spec)
+    shaping = shaping or Shaping()
+    bmv2 = find_bmv2(bmv2) if target == "bmv2" else None
+    check_request(topology, target, bmv2)
+    shaping.netem_args()  # refuses impossible shaping before anything exists
+    if (RUN_ROOT / name / "state.json").exists():
+        raise NetError(f"emulation {name!r} is already up: run `bml-net down --name {name}`")
+    state = State(name, topology.spec, target, shaping.__dict__)
+    state.save()
+    try:
+        _build(state, topology, shaping, target, bmv2)
+        fabric = create_fabric(state.run_dir / "fabric.json", topology, state.switch_addresses())
+        if provision:
+            fabric.provision()
+            _start_monitor(state)
+        state.ready = True
+        state.save()
+    except BaseException:
+        down(name)
+        raise
+    return state
+
+
+def _build(state: State, topology: Topology, shaping: Shaping, target: str,
+           bmv2: str | None) -> None:
+    for server in range(topology.num_servers):
+        namespace = state.namespace_of(server)
+        netns.add_namespace(namespace)
+        state.namespaces.append(namespace)
+        state.save()
+    for sw in topology.switches:
+        ports = {}
+        for port, server in zip(sw.ports, sw.servers, strict=True):
+            nic = topology.nics(server)[sw.level]
+            switch_side = f"{state.tag}{sw.device_id}p{port}"
+            netns.add_link(switch_side, f"{state.tag}x{sw.device_id}p{port}",
+                           state.namespace_of(server), nic.interface, nic.mac, f"{nic.ip}/16")
+            state.links.append(switch_side)
+            state.save()
+            if shaping.active:
+                netns.shape(switch_side, shaping)
+                netns.shape(nic.interface, shaping, state.namespace_of(server))
+            ports[port] = switch_side
+        for server in sw.servers:
+            nic = topology.nics(server)[sw.level]
+            namespace = state.namespace_of(server)
+            netns.add_neighbour(namespace, nic.interface, sw.ip, sw.mac)
+            for other in sw.servers:
+                if other != server:
+                    peer = topology.nics(other)[sw.level]
+                    netns.add_neighbour(namespace, nic.interface, peer.ip, peer.mac)
+        address = f"127.0.0.1:{free_tcp_port()}"
+        log = str(state.run_dir / f"{sw.name}.log")
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                switch_command(target, bmv2, sw.device_id, ports, address),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT, start_new_session=True)
+        state.pids.append(process.pid)
+        state.switches[sw.name] = SwitchProcess(sw.name, sw.device_id, address, process.pid,
+                                                ports, log).__dict__
+        state.save()
+    for sw in state.switches.values():
+        wait_for_port(sw["address"], sw["pid"], 30, sw["log"])
+
+
+def _start_monitor(state: State) -> None:
+    """The control plane's health monitor, for as long as the emulation is up."""
+    log = state.run_dir / "monitor.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "control_plane.cli", "--fabric",
+             str(state.run_dir / "fabric.json"), "monitor"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+            start_new_session=True)
+    state.pids.append(process.pid)
+    state.save()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0): reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return Path(f"/proc/{pid}").exists() and "zombie" not in _proc_state(pid)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "zombie"
+
+
+def stop_pid(pid: int, timeout: float = 5.0) -> None:
+    """End one of our own processes: SIGTERM, then SIGKILL after ``timeout``."""
+    if not _alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+
+
+def down(name: str) -> list[str]:
+    """Remove everything the emulation made; safe to call on a half-built or crashed one."""
+    validate_name(name)
+    removed = []
+    path = RUN_ROOT / name / "state.json"
+    if path.exists():
+        state = State(**json.loads(path.read_text()))
+        for pid in state.pids:
+            stop_pid(pid)
+            removed.append(f"pid {pid}")
+        for namespace in state.namespaces:
+            netns.delete_namespace(namespace)
+            removed.append(f"netns {namespace}")
+        for link in state.links:
+            netns.delete_link(link)
+    removed += netns.sweep(name)
+    shutil.rmtree(RUN_ROOT / name, ignore_errors=True)
+    return removed
+
+
+def leftovers(name: str) -> list[str]:
+    """What of this emulation still exists (empty after a clean ``down``)."""
+    found = netns.leftovers(name)
+    path = RUN_ROOT / name / "state.json"
+    if path.exists():
+        state = State(**json.loads(path.read_text()))
+        found += [f"pid {pid}" for pid in state.pids if _alive(pid)]
+        found.append(f"run dir {path.parent}")
+    return found
+
+
+def exec_in(state: State, server: str, command: list[str]) -> int:
+    index = int(server.lstrip("h")) if server.lstrip("h").isdigit() else -1
+    if not 0 <= index < state.topo().num_servers:
+        raise NetError(f"no server {server!r} in {state.topology} "
+                       f"(h0..h{state.topo().num_servers - 1})")
+    if not command:
+        raise NetError("nothing to run: bml-net exec SERVER -- CMD ...")
+    return subprocess.call(["ip", "netns", "exec", state.namespace_of(index), *command])
+
+
+def status_lines(state: State) -> list[str]:
+    from control_plane.status import counter_table, event_lines
+
+    lines = [f"emulation {state.name}: {state.topology} on {state.target}"
+             + (f", shaping {state.shaping}" if Shaping(**state.shaping).active else "")]
+    lines.append(f"{'switch':<8} {'device':>6} {'pid':>8} {'alive':<6} {'P4Runtime':<20} ports")
+    for sw in state.switches.values():
+        lines.append(f"{sw['name']:<8} {sw['device_id']:>6} {sw['pid']:>8} "
+                     f"{'yes' if _alive(sw['pid']) else 'NO':<6} {sw['address']:<20} "
+                     + " ".join(f"{p}:{netns.link_state(i)}" for p, i in sw["ports"].items()))
+    lines.append("")
+    lines += counter_table(state.switch_addresses())
+    lines.append("")
+    lines += event_lines(state.run_dir / "events.jsonl", last=10)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bml-net", description=__doc__.split("\n")[0])
+    parser.add_argument("--name", default="bml", help="emulation name (1-6 chars; default bml)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    p_up = commands.add_parser("up", help="create namespaces, links, switches; provision")
+    p_up.add_argument("--topo", required=True, help="star:N or bcube:n,k")
+    p_up.add_argument("--target", default="soft", help="soft (default) or bmv2")
+    p_up.add_argument("--bmv2", help="path of simple_switch_grpc")
+    p_up.add_argument("--rate", help="tc rate per link and direction, e.g. 100mbit")
+    p_up.add_argument("--delay", help="tc delay, e.g. 1ms")
+    p_up.add_argument("--loss", type=float, default=0.0, help="tc loss in percent")
+    p_up.add_argument("--reorder", type=float, default=0.0, help="tc reorder in percent")
+    commands.add_parser("status", help="switches, links and counters")
+    p_exec = commands.add_parser("exec", help="run a command on a server: exec h0 -- CMD")
+    p_exec.add_argument("server")
+    p_exec.add_argument("cmd", nargs=argparse.REMAINDER)
+    commands.add_parser("down", help="remove everything this emulation made")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            t0 = time.monotonic()
+            state = up(args.name, args.topo, args.target,
+                       Shaping(args.rate, args.delay, args.loss, args.reorder), args.bmv2)
+            topo = state.topo()
+            print(f"bml-net: {state.topology} up on {state.target} in "
+                  f"{time.monotonic() - t0:.1f} s: {topo.num_servers} servers "
+                  f"({state.namespace_of(0)}..), {topo.num_switches} switches, "
+                  f"{len(state.links)} links; run dir {state.run_dir}")
+        elif args.command == "status":
+            print("\n".join(status_lines(State.load(args.name))))
+        elif args.command == "exec":
+            command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            return exec_in(State.load(args.name), args.server, command)
+        elif args.command == "down":
+            removed = down(args.name)
+            print(f"bml-net: {args.name} down ({len(removed)} items removed)")
+    except (NetError, TopologyError, ValueError) as exc:
+        print(f"bml-net: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

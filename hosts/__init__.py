@@ -1,0 +1,1 @@
+"""BML-INA host agent: wire protocol, quantiser, packetiser, reliable transport, API, CLI."""

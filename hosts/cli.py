@@ -1,0 +1,78 @@
+"""``bml-host``: push a gradient file through the switch and write the sum."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hosts.api import GradientError, TransportError, Worker
+from hosts.protocol import FRAME_BYTES, VALUES_PER_PACKET
+
+
+def load_gradient(path: Path) -> np.ndarray:
+    if not path.exists():
+        raise GradientError(f"no gradient file {path}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise GradientError(f"{path} is not a .npy array: {exc}") from None
+
+
+class ProgressBar:
+    """A one-line bar on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bml-host", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    push = commands.add_parser("push", help="allreduce a .npy gradient with the job's workers")
+    push.add_argument("--in", dest="input", type=Path, required=True, help="gradient .npy")
+    push.add_argument("--out", type=Path, required=True, help="where to write the sum (.npy)")
+    push.add_argument("--job", type=int, required=True)
+    push.add_argument("--rank", type=int, required=True)
+    push.add_argument("--world", type=int, required=True, help="number of workers")
+    push.add_argument("--interface", default="eth0", help="NIC to use (default eth0)")
+    push.add_argument("--switch", help="switch address (default: found on the interface)")
+    push.add_argument("--window", type=int, default=256, help="slots in flight")
+    push.add_argument("--timeout", type=float, default=60.0, help="bound on the whole push (s)")
+    push.add_argument("--start-timeout", type=float, default=10.0,
+                      help="bound on the first answer, i.e. on all workers starting (s)")
+    args = parser.parse_args(argv)
+    try:
+        gradient = load_gradient(args.input)
+        with Worker(args.job, args.rank, args.world, args.interface, args.switch,
+                    window=args.window, timeout=args.timeout,
+                    start_timeout=args.start_timeout) as worker:
+            total = worker.allreduce(gradient, ProgressBar(sys.stderr.isatty()))
+            stats = worker.last_stats
+        np.save(args.out, total)
+    except (GradientError, TransportError, ValueError) as exc:
+        print(f"bml-host: error: {exc}", file=sys.stderr)
+        return 2
+    goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
+    wire = 8 * stats.packets_sent * FRAME_BYTES / max(stats.seconds, 1e-9) / 1e6
+    print(f"bml-host: job={args.job} rank={args.rank} elements={gradient.size} "
+          f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s wire={wire:.1f}Mbit/s "
+          f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET} "
+          f"retransmissions={stats.retransmissions}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

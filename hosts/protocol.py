@@ -1,0 +1,178 @@
+"""The BML-INA wire protocol: the one definition used by hosts, tests and the software target.
+
+An aggregation packet is Ethernet / IPv4 / UDP (destination port ``BML_UDP_PORT``) / ``BML``
+(16 bytes) / two blocks of 32 signed 32-bit lanes (``ValuesLo`` then ``ValuesHi``). The Scapy
+layers describe it for tests and inspection; ``HEADER_STRUCT`` and ``pack_packet`` /
+``unpack_header`` are the same layout for the hot paths, which never touch Scapy.
+The P4 program (``p4src/include/headers.p4`` and ``defines.p4``) must agree with every constant
+here; ``tests/test_protocol.py`` checks that it does.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+from scapy.fields import (
+    ByteEnumField,
+    ByteField,
+    IntField,
+    ShortField,
+    SignedIntField,
+)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+BML_UDP_PORT = 47000  # switch side: aggregation packets are addressed to this UDP port
+JOB_UDP_PORT_BASE = 40000  # host side: workers of job J bind JOB_UDP_PORT_BASE + J
+MAX_JOB_ID = 4095  # keeps job ports below BML_UDP_PORT
+POOL_SLOTS = 4096  # aggregation slots per switch, shared out among jobs by the control plane
+LANES_PER_BLOCK = 32
+VALUES_PER_PACKET = 2 * LANES_PER_BLOCK  # int32 values carried by every aggregation packet
+MAX_WORKERS = 32  # width of the per-slot worker bitmap
+CPU_PORT = 510  # P4Runtime PacketOut enters the pipeline on this port
+CONTROLLER_MAGIC = 0xB3C0  # packet_out header value the pipeline requires on CPU_PORT frames
+EXPONENT_BIAS = 127  # exponent field = e + EXPONENT_BIAS; 0 means "no exponent announced"
+EXPONENT_NONE = 0
+MIN_EXPONENT = 1 - EXPONENT_BIAS  # -126
+MAX_EXPONENT = 255 - EXPONENT_BIAS  # 128 (every finite float32 has |x| < 2**128)
+
+
+class PacketType(enum.IntEnum):
+    DATA = 1  # a worker's contribution (also when re-sent)
+    RESULT = 2  # the completed sum, sent when the last contribution arrives
+    RESULT_RETX = 3  # the stored sum, sent to one worker that re-sent into a completed slot
+    BROADCAST = 4  # multicast to the job's group without aggregation
+    RESET = 5  # control: re-initialise one slot (both copies); accepted from CPU_PORT only
+    ACK = 6  # header-only completion notice to non-owners of a reduce-scatter chunk
+
+
+class ResultMode(enum.IntEnum):
+    MULTICAST = 0  # result to every member of the job's multicast group
+    TO_OWNER = 1  # result to the chunk's owner (owner_id); header-only ACK to the others
+
+
+class Stat(enum.IntEnum):
+    """Indices of the P4 ``stats`` counter array."""
+
+    AGGREGATED = 0
+    COMPLETED = 1
+    DUPLICATE = 2
+    RETX_ANSWERED = 3
+    BROADCAST = 4
+    RESET = 5
+    FORWARDED = 6
+
+
+class DropReason(enum.IntEnum):
+    """Indices of the P4 ``drops`` counter array: why a packet was refused."""
+
+    SHORT_PACKET = 0
+    BAD_COUNT = 1
+    UNKNOWN_JOB = 2
+    FORGED_WORKER = 3
+    WRONG_PORT = 4
+    BAD_SLOT = 5
+    BAD_TYPE = 6
+    NO_OWNER = 7
+    FORGED_CONTROL = 8
+    NO_ROUTE = 9
+    STALE = 10  # a contribution whose offset is not the one the slot copy holds
+
+
+STATS_SIZE = 8  # sizes of the counter arrays (>= number of enum members)
+DROPS_SIZE = 16
+
+# type, version, job_id, worker_id, owner_id, slot, exponent, count, reserved, offset
+HEADER_STRUCT = struct.Struct("!BBHBBHBBHI")
+HEADER_BYTES = HEADER_STRUCT.size  # 16
+VALUES_BYTES = 4 * VALUES_PER_PACKET
+VALUES_STRUCT = struct.Struct(f"!{VALUES_PER_PACKET}i")
+PAYLOAD_BYTES = HEADER_BYTES + VALUES_BYTES  # UDP payload of a full aggregation packet
+ETH_IP_UDP_BYTES = 14 + 20 + 8
+FRAME_BYTES = ETH_IP_UDP_BYTES + PAYLOAD_BYTES  # 314 bytes on the wire (without FCS)
+PAYLOAD_SHARE = VALUES_BYTES / FRAME_BYTES  # useful gradient bytes per wire byte
+
+
+class BML(Packet):
+    """The 16-byte aggregation header."""
+
+    name = "BML"
+    fields_desc = [
+        ByteEnumField("type", PacketType.DATA, {t.value: t.name for t in PacketType}),
+        ByteField("version", 0),
+        ShortField("job_id", 0),
+        ByteField("worker_id", 0),
+        ByteField("owner_id", 0),
+        ShortField("slot", 0),
+        ByteField("exponent", EXPONENT_NONE),
+        ByteField("count", VALUES_PER_PACKET),
+        ShortField("reserved", 0),
+        IntField("offset", 0),
+    ]
+
+
+class _Values(Packet):
+    fields_desc = [SignedIntField(f"v{i:02d}", 0) for i in range(LANES_PER_BLOCK)]
+
+    def lanes(self) -> list[int]:
+        return [getattr(self, f"v{i:02d}") for i in range(LANES_PER_BLOCK)]
+
+
+class ValuesLo(_Values):
+    """Lanes 0-31."""
+
+    name = "ValuesLo"
+
+
+class ValuesHi(_Values):
+    """Lanes 32-63."""
+
+    name = "ValuesHi"
+
+
+bind_layers(UDP, BML, dport=BML_UDP_PORT)
+bind_layers(UDP, BML, sport=BML_UDP_PORT)  # results the switch sends back
+bind_layers(BML, ValuesLo)
+bind_layers(ValuesLo, ValuesHi)
+
+
+def values_layers(values: list[int] | tuple[int, ...]) -> Packet:
+    """ValuesLo/ValuesHi carrying ``values`` (zero-padded to VALUES_PER_PACKET)."""
+    padded = list(values) + [0] * (VALUES_PER_PACKET - len(values))
+    lo = {f"v{i:02d}": padded[i] for i in range(LANES_PER_BLOCK)}
+    hi = {f"v{i:02d}": padded[LANES_PER_BLOCK + i] for i in range(LANES_PER_BLOCK)}
+    return ValuesLo(**lo) / ValuesHi(**hi)
+
+
+def packet_values(pkt: Packet) -> list[int]:
+    """The 64 lanes of a parsed Scapy packet (empty if it carries none)."""
+    if ValuesHi not in pkt:
+        return []
+    return pkt[ValuesLo].lanes() + pkt[ValuesHi].lanes()
+
+
+def pack_header(
+    ptype: int,
+    job_id: int,
+    worker_id: int,
+    slot: int,
+    version: int = 0,
+    owner_id: int = 0,
+    exponent: int = EXPONENT_NONE,
+    count: int = VALUES_PER_PACKET,
+    offset: int = 0,
+) -> bytes:
+    return HEADER_STRUCT.pack(
+        ptype, version, job_id, worker_id, owner_id, slot, exponent, count, 0, offset
+    )
+
+
+def unpack_header(payload: bytes | memoryview) -> tuple[int, ...]:
+    """(type, version, job_id, worker_id, owner_id, slot, exponent, count, reserved, offset)."""
+    return HEADER_STRUCT.unpack_from(payload, 0)
+
+
+def job_udp_port(job_id: int) -> int:
+    """The UDP port every worker of a job binds, so multicast results reach all of them."""
+    return JOB_UDP_PORT_BASE + job_id

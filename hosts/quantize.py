@@ -1,0 +1,90 @@
+"""Block floating point quantisation with an in-band max exponent (SwitchML's scheme).
+
+A block is the VALUES_PER_PACKET values of one packet. Each worker announces its block
+exponent e_w (the smallest e with |x| < 2**e for every x of the block); the switch keeps the
+maximum e over the N workers. Every worker then sends
+
+    q = rint(x * 2**s),   s = 30 - ceil(log2 N) - e
+
+so |x * 2**s| < 2**(30 - ceil(log2 N)), hence |q| <= 2**(30 - ceil(log2 N)) and the switch's
+int32 sum of N such values is at most N * 2**(30 - ceil(log2 N)) <= 2**30: it cannot overflow,
+by construction, whatever the data. The sum is returned as sum * 2**-s.
+
+Error bound (per element, against the exact sum of the float32 inputs):
+
+    |result - exact| <= N * 2**(-s-1) + 2**-24 * |result|
+                      = N * 2**(e + ceil(log2 N) - 31) + 2**-24 * |result|
+
+i.e. each worker's rounding error is at most half a quantisation step, and the result is
+rounded once more to float32. Relative to the block's largest magnitude (< 2**e) the first term
+is about N**2 * 2**-31 (3e-8 at N = 8). Exponents are clamped to [-126, 128]: tinier values
+are quantised on the 2**-126 grid, which the bound above still covers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hosts.protocol import EXPONENT_BIAS, EXPONENT_NONE, MAX_EXPONENT, MIN_EXPONENT
+
+
+class GradientError(ValueError):
+    """The gradient cannot be sent as it is (NaN, Inf, wrong shape or type)."""
+
+
+def check_finite(values: np.ndarray) -> None:
+    """Refuse NaN and Inf before anything is sent."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        nan = int(np.isnan(values).sum())
+        inf = int(bad.sum()) - nan
+        first = int(np.flatnonzero(bad)[0])
+        raise GradientError(f"gradient has {nan} NaN and {inf} Inf values (first at flat index "
+                            f"{first}); refusing to send it")
+
+
+def ceil_log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def block_exponents(blocks: np.ndarray) -> np.ndarray:
+    """Biased exponent of each row of ``blocks`` (EXPONENT_NONE for an all-zero row)."""
+    peak = np.abs(blocks).max(axis=1).astype(np.float64)
+    _, exponent = np.frexp(peak)  # peak = m * 2**exponent, 0.5 <= m < 1, so peak < 2**exponent
+    exponent = np.clip(exponent, MIN_EXPONENT, MAX_EXPONENT) + EXPONENT_BIAS
+    return np.where(peak > 0, exponent, EXPONENT_NONE).astype(np.int64)
+
+
+def shift(biased_exponent: int | np.ndarray, num_workers: int) -> np.ndarray:
+    """The power of two s that scales a block whose max exponent is ``biased_exponent``."""
+    e = np.asarray(biased_exponent, dtype=np.int64) - EXPONENT_BIAS
+    s = 30 - ceil_log2(num_workers) - e
+    return np.where(np.asarray(biased_exponent) == EXPONENT_NONE, 0, s)
+
+
+def quantize(block: np.ndarray, biased_exponent: int, num_workers: int) -> np.ndarray:
+    """int32 values of one block (or rows of blocks) scaled for the announced max exponent."""
+    scaled = np.ldexp(block.astype(np.float64), shift(biased_exponent, num_workers))
+    return np.rint(scaled).astype(np.int32)
+
+
+def dequantize(sums: np.ndarray, biased_exponents: np.ndarray, num_workers: int) -> np.ndarray:
+    """float32 sums of rows of int32 sums, each row with its max exponent.
+
+    Raises GradientError where the true sum is beyond float32 (an Inf would be a wrong sum)."""
+    s = shift(biased_exponents, num_workers)
+    wide = np.ldexp(sums.astype(np.float64), -s[:, None])
+    peak = float(np.max(np.abs(wide))) if wide.size else 0.0
+    if peak > np.finfo(np.float32).max:
+        raise GradientError(f"the sum reaches {peak:.3g}, beyond float32's range "
+                            f"({np.finfo(np.float32).max:.3g}); scale the gradients down")
+    return wide.astype(np.float32)
+
+
+def error_bound(biased_exponents: np.ndarray, num_workers: int,
+                result: np.ndarray) -> np.ndarray:
+    """The stated per-element bound for rows of results (see the module docstring)."""
+    s = shift(biased_exponents, num_workers).astype(np.float64)
+    quantisation = num_workers * np.ldexp(1.0, (-s - 1).astype(np.int64))
+    quantisation = np.where(np.asarray(biased_exponents) == EXPONENT_NONE, 0.0, quantisation)
+    return quantisation[:, None] + 2.0 ** -24 * np.abs(result.astype(np.float64))

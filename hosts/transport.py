@@ -1,0 +1,302 @@
+"""Reliable, windowed aggregation over plain UDP sockets: the hot path of the host agent.
+
+A gradient of L float32 values is cut into C = ceil(L / 64) chunks; chunk c always uses slot
+c mod W of the job's pool (W = the window), so up to W chunks are in flight. Each use of a slot
+alternates its version bit (the switch's two copies). The exponent a chunk is quantised with
+comes in-band: the packet for chunk c announces the worker's exponent of chunk c + W, the
+next chunk on the same slot, and the result of chunk c brings back the max over all workers.
+The first use of every slot is a priming round that announces the exponents of chunks
+0..W-1; the priming of slot 0 also carries the worker's gradient length, so that lengths that
+differ across workers are refused instead of mis-summed. Every call leaves every slot with an
+even number of uses (a zero "flush" use is added where needed), so the next call, in this
+process or another one, starts on copy 0, whose bitmap is then empty.
+
+Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, doubling per
+retry). A re-sent contribution is idempotent at the switch, which answers it with the stored
+result once the slot is complete. Late or duplicate results are recognised by slot, version
+and offset and ignored. Every wait is bounded: the priming round by ``start_timeout``, the
+whole call by ``timeout``.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hosts.protocol import (
+    BML_UDP_PORT,
+    EXPONENT_NONE,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    PAYLOAD_BYTES,
+    VALUES_BYTES,
+    VALUES_PER_PACKET,
+    PacketType,
+    job_udp_port,
+)
+from hosts.quantize import block_exponents, dequantize, quantize
+
+PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
+_BE = np.dtype(">i4")
+_ZERO_VALUES = bytes(VALUES_BYTES)
+_RESULT_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
+# Lanes of slot 0's priming packet: the length, and hashes of it (see _length_lanes).
+_LENGTH_PRIMES = (1, 40503, 65537, 2654435761 % (1 << 20), 97, 7919, 104729, 15485863)
+
+
+class TransportError(RuntimeError):
+    """The call could not finish; the message says what is missing and what to check."""
+
+
+class LengthMismatch(TransportError):
+    pass
+
+
+@dataclass
+class Stats:
+    packets_sent: int = 0
+    retransmissions: int = 0
+    results: int = 0
+    duplicates_ignored: int = 0
+    seconds: float = 0.0
+
+
+def _length_lanes(length: int) -> list[int]:
+    """Lane 0: the length; lanes 1-7: hashes of it, each < 2**20 so N of them sum safely.
+
+    If the sums over the N workers equal N times a worker's own lanes, that worker's length
+    is almost surely everyone's (one exact check, seven pseudo-random ones)."""
+    return [length] + [(length * p) % (1 << 20) for p in _LENGTH_PRIMES[1:]]
+
+
+class AggregationTransport:
+    """One worker's connection to one switch for one job."""
+
+    def __init__(self, job_id: int, worker_id: int, num_workers: int, local_ip: str,
+                 switch_ip: str, window: int = 256, timeout: float = 60.0,
+                 start_timeout: float = 10.0, min_rto: float = 0.002,
+                 max_rto: float = 0.5, sock: socket.socket | None = None) -> None:
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.switch = (switch_ip, BML_UDP_PORT)
+        self.window = window
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.min_rto = min_rto
+        self.max_rto = max_rto
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            for option in (socket.SO_RCVBUFFORCE, socket.SO_SNDBUFFORCE):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, option, 8 << 20)
+                except PermissionError:
+                    pass
+            try:
+                sock.bind((local_ip, job_udp_port(job_id)))
+            except OSError as exc:
+                raise TransportError(f"cannot bind {local_ip}:{job_udp_port(job_id)} for job "
+                                     f"{job_id}: {exc}") from None
+        sock.setblocking(False)
+        self.sock = sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+    @property
+    def rto(self) -> float:
+        if self.srtt is None:
+            return 0.05
+        return min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+
+    def _sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def allreduce(self, values: np.ndarray,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, Stats]:
+        """Sum of ``values`` (flat float32) over the job's workers, and this call's stats."""
+        flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
+        length = flat.size
+        chunks = max(1, -(-length // VALUES_PER_PACKET))
+        blocks = np.zeros((chunks, VALUES_PER_PACKET), dtype=np.float32)
+        blocks.reshape(-1)[:length] = flat
+        own_exponents = block_exponents(blocks)
+        window = min(self.window, chunks)
+        n = self.num_workers
+        sums = np.zeros((chunks, VALUES_PER_PACKET), dtype=np.int32)
+        max_exponents = np.zeros(chunks, dtype=np.int64)
+        stats = Stats()
+        started = time.monotonic()
+
+        # Per slot: uses so far this call, what is in flight (chunk index, -1 priming,
+        # -2 flush), the frame and when it was first and last sent, and its retries.
+        uses = [0] * window
+        in_flight = [0] * window
+        frames: list[bytes | None] = [None] * window
+        first_sent = [0.0] * window
+        last_sent = [0.0] * window
+        retries = [0] * window
+        total_uses = [1 + -(-(chunks - s) // window) for s in range(window)]
+        total_uses = [u + (u & 1) for u in total_uses]
+        next_exponent = [EXPONENT_NONE] * window  # max exponent for the slot's next chunk
+        remaining = window
+        done_chunks = 0
+        header = HEADER_STRUCT.pack
+        sendto = self.sock.sendto
+        switch = self.switch
+        job, me = self.job_id, self.worker_id
+
+        def announce(chunk: int) -> int:
+            return int(own_exponents[chunk]) if chunk < chunks else EXPONENT_NONE
+
+        def send(slot: int, frame: bytes, now: float) -> None:
+            frames[slot] = frame
+            first_sent[slot] = last_sent[slot] = now
+            retries[slot] = 0
+            sendto(frame, switch)
+            stats.packets_sent += 1
+
+        def launch(slot: int, now: float) -> None:
+            """Send the slot's next use: priming, a chunk, or a flush."""
+            use = uses[slot]
+            version = use & 1
+            if use == 0:
+                lanes = _ZERO_VALUES
+                if slot == 0:
+                    lanes = struct.pack(f"!{VALUES_PER_PACKET}i",
+                                        *_length_lanes(length), *[0] * (VALUES_PER_PACKET - 8))
+                in_flight[slot] = -1
+                frame = header(PacketType.DATA, version, job, me, 0, slot, announce(slot), 0, 0,
+                               PRIMING_OFFSET) + lanes
+            else:
+                chunk = slot + (use - 1) * window
+                if chunk < chunks:
+                    e_max = next_exponent[slot]
+                    if own_exponents[chunk] > e_max:
+                        raise TransportError(
+                            f"job {job}: the switch announced max exponent {e_max} for chunk "
+                            f"{chunk}, below this worker's {own_exponents[chunk]}: the job's "
+                            "slots hold state from another run; reset the job "
+                            "(bml-ctl job-remove / job-add)")
+                    q = quantize(blocks[chunk], e_max, n).astype(_BE).tobytes()
+                    in_flight[slot] = chunk
+                    count = min(VALUES_PER_PACKET, length - chunk * VALUES_PER_PACKET)
+                    frame = header(PacketType.DATA, version, job, me, 0, slot,
+                                   announce(chunk + window), max(count, 0), 0,
+                                   chunk * VALUES_PER_PACKET) + q
+                else:
+                    in_flight[slot] = -2
+                    frame = header(PacketType.DATA, version, job, me, 0, slot, EXPONENT_NONE,
+                                   0, 0, PRIMING_OFFSET) + _ZERO_VALUES
+            send(slot, frame, now)
+
+        now = time.monotonic()
+        for slot in range(window):
+            launch(slot, now)
+        primed = 0
+        buffer = bytearray(PAYLOAD_BYTES + 64)
+        recv_into = self.sock.recv_into
+        next_scan = now + self.rto
+        poll = select.poll()
+        poll.register(self.sock, select.POLLIN)
+        while remaining:
+            now = time.monotonic()
+            limit = self.start_timeout if primed < window else self.timeout
+            if now - started > limit:
+                self._fail(stats, started, primed, window, done_chunks, chunks, retries)
+            poll.poll(max(0.0, min(next_scan - now, 0.01)) * 1000)
+            while True:
+                try:
+                    size = recv_into(buffer)
+                except BlockingIOError:
+                    break
+                if size < HEADER_BYTES:
+                    continue
+                (ptype, version, rjob, _w, _o, slot, exponent, _c, _r, offset) = \
+                    HEADER_STRUCT.unpack_from(buffer)
+                if (rjob != job or ptype not in _RESULT_TYPES or slot >= window
+                        or frames[slot] is None or version != uses[slot] & 1):
+                    stats.duplicates_ignored += 1
+                    continue
+                chunk = in_flight[slot]
+                expected_offset = chunk * VALUES_PER_PACKET if chunk >= 0 else PRIMING_OFFSET
+                if offset != expected_offset or size < PAYLOAD_BYTES:
+                    stats.duplicates_ignored += 1
+                    continue
+                now = time.monotonic()
+                if retries[slot] == 0:
+                    self._sample(now - first_sent[slot])
+                stats.results += 1
+                if chunk >= 0:
+                    sums[chunk] = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
+                                                offset=HEADER_BYTES)
+                    max_exponents[chunk] = next_exponent[slot]
+                    done_chunks += 1
+                    if progress is not None and done_chunks % 1024 == 0:
+                        progress(done_chunks, chunks)
+                elif chunk == -1:
+                    primed += 1
+                    if slot == 0:
+                        self._check_length(buffer, length)
+                next_exponent[slot] = exponent
+                uses[slot] += 1
+                frames[slot] = None
+                if uses[slot] < total_uses[slot]:
+                    launch(slot, now)
+                else:
+                    remaining -= 1
+            now = time.monotonic()
+            if now >= next_scan:
+                rto = self.rto
+                for slot in range(window):
+                    frame = frames[slot]
+                    if frame is not None and now - last_sent[slot] > rto * (1 << min(retries[slot], 8)):
+                        sendto(frame, switch)
+                        last_sent[slot] = now
+                        retries[slot] += 1
+                        stats.retransmissions += 1
+                        stats.packets_sent += 1
+                next_scan = now + rto / 2
+        if progress is not None:
+            progress(chunks, chunks)
+        stats.seconds = time.monotonic() - started
+        result = dequantize(sums, max_exponents, n).reshape(-1)[:length]
+        return result, stats
+
+    def _check_length(self, buffer: bytearray, length: int) -> None:
+        lanes = struct.unpack_from("!8i", buffer, HEADER_BYTES)
+        own = _length_lanes(length)
+        n = self.num_workers
+        if any(total != n * mine for total, mine in zip(lanes, own, strict=True)):
+            raise LengthMismatch(
+                f"job {self.job_id}: gradient lengths differ across the {n} workers (this "
+                f"worker has {length} elements; the lengths sum to {lanes[0]}, not "
+                f"{n} x {length} = {n * length}); nothing was summed")
+
+    def _fail(self, stats: Stats, started: float, primed: int, window: int, done: int,
+              chunks: int, retries: list[int]) -> None:
+        waited = time.monotonic() - started
+        if primed < window:
+            raise TransportError(
+                f"job {self.job_id} worker {self.worker_id}: no complete answer from switch "
+                f"{self.switch[0]} within {waited:.1f} s ({primed} of {window} slots primed, "
+                f"{stats.retransmissions} retransmissions). Is job {self.job_id} set up on the "
+                f"switch (bml-ctl job-add) for {self.num_workers} workers, and are all of them "
+                "running?")
+        raise TransportError(
+            f"job {self.job_id} worker {self.worker_id}: {chunks - done} of {chunks} chunks "
+            f"still unanswered after {waited:.1f} s (max {max(retries)} retries on one slot, "
+            f"{stats.retransmissions} retransmissions): a worker or the switch stopped")

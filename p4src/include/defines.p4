@@ -1,0 +1,57 @@
+// Constants shared by every control block. hosts/protocol.py must agree (tests/test_protocol.py).
+#ifndef BML_DEFINES_P4
+#define BML_DEFINES_P4
+
+#define BML_UDP_PORT 47000
+#define CPU_PORT 510
+#define CONTROLLER_MAGIC 0xB3C0
+#define VALUES_PER_PACKET 64
+#define POOL_SLOTS 4096
+#define POOL_COPIES 8192          // two copies (version 0 and 1) of every slot
+#define MAX_WORKERS 32
+
+// Lengths the switch writes into the packets it generates.
+#define IPV4_LEN_FULL 300         // 20 IPv4 + 8 UDP + 16 BML + 256 values
+#define UDP_LEN_FULL 280
+#define IPV4_LEN_HEADER_ONLY 44
+#define UDP_LEN_HEADER_ONLY 24
+
+// bml.type
+#define TYPE_DATA 1
+#define TYPE_RESULT 2
+#define TYPE_RESULT_RETX 3
+#define TYPE_BROADCAST 4
+#define TYPE_RESET 5
+#define TYPE_ACK 6
+
+// job_config result_mode
+#define MODE_MULTICAST 0
+#define MODE_TO_OWNER 1
+
+// stats counter indices
+#define STAT_AGGREGATED 0
+#define STAT_COMPLETED 1
+#define STAT_DUPLICATE 2
+#define STAT_RETX_ANSWERED 3
+#define STAT_BROADCAST 4
+#define STAT_RESET 5
+#define STAT_FORWARDED 6
+#define STAT_NONE 255
+#define STATS_SIZE 8
+
+// drops counter indices
+#define DROP_SHORT_PACKET 0
+#define DROP_BAD_COUNT 1
+#define DROP_UNKNOWN_JOB 2
+#define DROP_FORGED_WORKER 3
+#define DROP_WRONG_PORT 4
+#define DROP_BAD_SLOT 5
+#define DROP_BAD_TYPE 6
+#define DROP_NO_OWNER 7
+#define DROP_FORGED_CONTROL 8
+#define DROP_NO_ROUTE 9
+#define DROP_STALE 10
+#define DROP_NONE 255
+#define DROPS_SIZE 16
+
+#endif

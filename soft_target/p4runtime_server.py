@@ -1,0 +1,441 @@
+"""P4Runtime over gRPC for the software target: the subset the control plane uses.
+
+Served: Capabilities; StreamChannel (arbitration, PacketOut); Set/GetForwardingPipelineConfig
+(only the P4Info and BMv2 JSON in ``p4src/build`` are accepted); Write and Read of table
+entries, multicast groups and counters. Errors follow PI's conventions (a Write error is
+gRPC UNKNOWN with one ``p4.v1.Error`` per update), so p4runtime-shell's error parsing and the
+control plane behave the same against this server and against simple_switch_grpc. As in PI,
+register entries are not served.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import replace
+
+import grpc
+from google.rpc import code_pb2, status_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from control_plane.p4info import Names, P4Info, built_device_config, built_p4info
+from hosts.protocol import CPU_PORT
+from soft_target.pipeline import HostAddress, JobConfig, Pipeline
+
+log = logging.getLogger(__name__)
+API_VERSION = "1.4.1"
+Key = tuple[int, ...]
+
+
+class WriteError(Exception):
+    """One update refused, with the canonical code the client will see."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _int(data: bytes, bitwidth: int, what: str) -> int:
+    value = int.from_bytes(data, "big")
+    if not data or value >= 1 << bitwidth:
+        raise WriteError(code_pb2.OUT_OF_RANGE, f"{what}: {data!r} does not fit in {bitwidth} bits")
+    return value
+
+
+def _compile_table(name: str, rows: list[tuple[Key, str, tuple[int, ...]]]) -> dict:
+    """The pipeline's dict for one table, from (key, action name, params) rows."""
+    if name == Names.L2_FORWARD:
+        return {key[0].to_bytes(6, "big"): params[0] for key, _, params in rows}
+    if name == Names.JOB_CONFIG:
+        return {key[0]: JobConfig(*params) for key, _, params in rows}
+    if name in (Names.WORKER_ADMISSION, Names.OWNER_ROUTE):
+        return {key: params[0] for key, _, params in rows}
+    if name == Names.HOST_ADDRESS:
+        return {
+            key[0]: HostAddress(p[0].to_bytes(6, "big"), p[1].to_bytes(4, "big"),
+                                p[2].to_bytes(6, "big"), p[3].to_bytes(4, "big"))
+            for key, _, p in rows
+        }
+    raise WriteError(code_pb2.NOT_FOUND, f"table {name} is not served by the software target")
+
+
+_TABLE_ATTRIBUTE = {
+    Names.L2_FORWARD: "l2_forward",
+    Names.JOB_CONFIG: "job_config",
+    Names.WORKER_ADMISSION: "worker_admission",
+    Names.OWNER_ROUTE: "owner_route",
+    Names.HOST_ADDRESS: "host_address",
+}
+
+
+class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """Holds the P4Runtime view of one switch and applies it to its ``Pipeline``.
+
+    ``run_in_loop`` hands a callable to the thread that owns the pipeline, so that packet-outs
+    and pipeline resets never interleave with a packet being processed.
+    """
+
+    def __init__(self, pipeline: Pipeline, device_id: int,
+                 run_in_loop: Callable[[Callable[[], None]], None],
+                 transmit: Callable[[list[tuple[int, bytes]]], None]) -> None:
+        self.pipeline = pipeline
+        self.device_id = device_id
+        self.run_in_loop = run_in_loop
+        self.transmit = transmit
+        self.p4info: P4Info | None = None
+        self.cookie = 0
+        self.lock = threading.Lock()
+        self.entries: dict[int, dict[Key, p4runtime_pb2.TableEntry]] = {}
+        self.groups: dict[int, p4runtime_pb2.MulticastGroupEntry] = {}
+        self.elections: dict[int, tuple[int, int]] = {}  # stream id -> election id
+        self.next_stream = 0
+
+    # ---------------------------------------------------------------- helpers
+    def _check_device(self, device_id: int, context: grpc.ServicerContext) -> None:
+        if device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"device {device_id} is not here (this is device {self.device_id})")
+
+    def _primary(self) -> tuple[int, int] | None:
+        return max(self.elections.values(), default=None)
+
+    def _check_primary(self, election_id: p4runtime_pb2.Uint128,
+                       context: grpc.ServicerContext) -> None:
+        if self._primary() != (election_id.high, election_id.low):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          "not the primary controller (open a StreamChannel with the highest "
+                          "election id first)")
+
+    def _require_pipeline(self, context: grpc.ServicerContext) -> P4Info:
+        if self.p4info is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "no forwarding pipeline config set")
+        return self.p4info
+
+    # ---------------------------------------------------------------- RPCs
+    def Capabilities(self, request, context):  # noqa: N802 (gRPC method names)
+        return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
+
+    def SetForwardingPipelineConfig(self, request, context):  # noqa: N802
+        self._check_device(request.device_id, context)
+        self._check_primary(request.election_id, context)
+        action = request.action
+        actions = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        if action not in (actions.VERIFY, actions.VERIFY_AND_COMMIT, actions.COMMIT,
+                          actions.RECONCILE_AND_COMMIT):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported action {action}")
+        reference = built_p4info()
+        if action != actions.COMMIT:
+            if request.config.p4info != reference.message:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "this software target runs only the BML-INA pipeline: the P4Info "
+                              "differs from p4src/build/bml.p4info.txtpb")
+            if request.config.p4_device_config != built_device_config():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "this software target runs only the BML-INA pipeline: the device "
+                              "config differs from p4src/build/bml.json")
+        if action == actions.VERIFY:
+            return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+        with self.lock:
+            self.p4info = reference
+            self.cookie = request.config.cookie.cookie
+            self.entries = {t.id: {} for t in reference.tables.values()}
+            self.groups = {}
+            done = threading.Event()
+
+            def reset() -> None:
+                self.pipeline.__init__()
+                done.set()
+
+            self.run_in_loop(reset)
+            if not done.wait(10):
+                context.abort(grpc.StatusCode.INTERNAL, "packet loop did not take the pipeline")
+        return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def GetForwardingPipelineConfig(self, request, context):  # noqa: N802
+        self._check_device(request.device_id, context)
+        response = p4runtime_pb2.GetForwardingPipelineConfigResponse()
+        if self.p4info is None:
+            return response
+        kinds = p4runtime_pb2.GetForwardingPipelineConfigRequest
+        if request.response_type in (kinds.ALL, kinds.P4INFO_AND_COOKIE):
+            response.config.p4info.CopyFrom(self.p4info.message)
+        if request.response_type in (kinds.ALL, kinds.DEVICE_CONFIG_AND_COOKIE):
+            response.config.p4_device_config = built_device_config()
+        response.config.cookie.cookie = self.cookie
+        return response
+
+    def Write(self, request, context):  # noqa: N802
+        self._check_device(request.device_id, context)
+        self._check_primary(request.election_id, context)
+        p4info = self._require_pipeline(context)
+        errors = []
+        with self.lock:
+            touched: set[int] = set()
+            groups_touched = False
+            for update in request.updates:
+                try:
+                    entity = update.entity
+                    kind = entity.WhichOneof("entity")
+                    if kind == "table_entry":
+                        touched.add(self._write_table_entry(p4info, update.type,
+                                                            entity.table_entry))
+                    elif kind == "packet_replication_engine_entry":
+                        self._write_group(update.type, entity.packet_replication_engine_entry)
+                        groups_touched = True
+                    else:
+                        raise WriteError(code_pb2.UNIMPLEMENTED,
+                                         f"writing {kind} is not supported")
+                    errors.append(p4runtime_pb2.Error(canonical_code=code_pb2.OK))
+                except WriteError as exc:
+                    errors.append(p4runtime_pb2.Error(canonical_code=exc.code,
+                                                      message=str(exc)))
+            self._apply(p4info, touched, groups_touched)
+        failed = [e for e in errors if e.canonical_code != code_pb2.OK]
+        if failed:
+            status = status_pb2.Status(code=code_pb2.UNKNOWN, message=failed[0].message)
+            for error in errors:
+                status.details.add().Pack(error)
+            context.set_trailing_metadata(
+                (("grpc-status-details-bin", status.SerializeToString()),))
+            context.set_code(grpc.StatusCode.UNKNOWN)
+            context.set_details(f"{len(failed)} of {len(errors)} updates failed: "
+                                f"{failed[0].message}")
+        return p4runtime_pb2.WriteResponse()
+
+    def Read(self, request, context):  # noqa: N802
+        self._check_device(request.device_id, context)
+        p4info = self._require_pipeline(context)
+        response = p4runtime_pb2.ReadResponse()
+        with self.lock:
+            for entity in request.entities:
+                kind = entity.WhichOneof("entity")
+                if kind == "table_entry":
+                    self._read_table_entries(entity.table_entry, response)
+                elif kind == "counter_entry":
+                    self._read_counters(p4info, entity.counter_entry, response, context)
+                elif kind == "packet_replication_engine_entry":
+                    wanted = entity.packet_replication_engine_entry.multicast_group_entry
+                    for gid, group in sorted(self.groups.items()):
+                        if wanted.multicast_group_id in (0, gid):
+                            response.entities.add().packet_replication_engine_entry \
+                                .multicast_group_entry.CopyFrom(group)
+                else:
+                    context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                  f"reading {kind} is not supported")
+        yield response
+
+    def StreamChannel(self, request_iterator, context):  # noqa: N802
+        outgoing: queue.Queue = queue.Queue()
+        with self.lock:
+            stream = self.next_stream
+            self.next_stream += 1
+
+        def read_requests() -> None:
+            try:
+                for request in request_iterator:
+                    kind = request.WhichOneof("update")
+                    if kind == "arbitration":
+                        outgoing.put(self._arbitrate(stream, request.arbitration))
+                    elif kind == "packet":
+                        self._packet_out(request.packet)
+            except grpc.RpcError:
+                pass
+            finally:
+                with self.lock:
+                    self.elections.pop(stream, None)
+                outgoing.put(None)
+
+        threading.Thread(target=read_requests, daemon=True, name=f"p4rt-stream-{stream}").start()
+        while True:
+            message = outgoing.get()
+            if message is None:
+                return
+            yield message
+
+    # ---------------------------------------------------------------- internals
+    def _arbitrate(self, stream: int, arbitration) -> p4runtime_pb2.StreamMessageResponse:
+        response = p4runtime_pb2.StreamMessageResponse()
+        response.arbitration.device_id = arbitration.device_id
+        response.arbitration.election_id.CopyFrom(arbitration.election_id)
+        if arbitration.device_id != self.device_id:
+            response.arbitration.status.code = code_pb2.NOT_FOUND
+            response.arbitration.status.message = f"this is device {self.device_id}"
+            return response
+        with self.lock:
+            self.elections[stream] = (arbitration.election_id.high, arbitration.election_id.low)
+            primary = self._primary() == self.elections[stream]
+        response.arbitration.status.code = code_pb2.OK if primary else code_pb2.ALREADY_EXISTS
+        return response
+
+    def _packet_out(self, packet: p4runtime_pb2.PacketOut) -> None:
+        p4info = self.p4info
+        if p4info is None:
+            return
+        header = 0
+        width = 0
+        values = {m.metadata_id: m.value for m in packet.metadata}
+        for _name, (mid, bitwidth) in p4info.packet_out_metadata.items():
+            header = (header << bitwidth) | int.from_bytes(values.get(mid, b""), "big")
+            width += bitwidth
+        frame = header.to_bytes(width // 8, "big") + packet.payload
+        self.run_in_loop(lambda: self.transmit(self.pipeline.process(CPU_PORT, frame)))
+
+    def _write_table_entry(self, p4info: P4Info, update_type: int,
+                           entry: p4runtime_pb2.TableEntry) -> int:
+        table = p4info.table_by_id.get(entry.table_id)
+        if table is None:
+            raise WriteError(code_pb2.NOT_FOUND, f"unknown table id {entry.table_id}")
+        if entry.is_default_action:
+            raise WriteError(code_pb2.PERMISSION_DENIED,
+                             f"{table.name}: the default action is fixed by the P4 program")
+        key = self._key(table, entry)
+        rows = self.entries[table.id]
+        types = p4runtime_pb2.Update
+        what = f"{table.name} entry {key}"
+        if update_type == types.INSERT:
+            if key in rows:
+                raise WriteError(code_pb2.ALREADY_EXISTS, f"{what} already exists")
+        elif update_type in (types.MODIFY, types.DELETE):
+            if key not in rows:
+                raise WriteError(code_pb2.NOT_FOUND, f"{what} does not exist")
+            if update_type == types.DELETE:
+                del rows[key]
+                return table.id
+        else:
+            raise WriteError(code_pb2.INVALID_ARGUMENT, f"bad update type {update_type}")
+        self._action(p4info, table, entry)  # validates
+        stored = p4runtime_pb2.TableEntry()
+        stored.CopyFrom(entry)
+        rows[key] = stored
+        return table.id
+
+    @staticmethod
+    def _key(table, entry: p4runtime_pb2.TableEntry) -> Key:
+        by_id = {fid: (name, width) for name, (fid, width) in table.match_fields.items()}
+        given = {}
+        for match in entry.match:
+            if match.field_id not in by_id:
+                raise WriteError(code_pb2.INVALID_ARGUMENT,
+                                 f"{table.name}: unknown match field id {match.field_id}")
+            if match.WhichOneof("field_match_type") != "exact":
+                raise WriteError(code_pb2.INVALID_ARGUMENT,
+                                 f"{table.name}: match fields are exact")
+            name, width = by_id[match.field_id]
+            given[match.field_id] = _int(match.exact.value, width, f"{table.name}.{name}")
+        missing = [name for name, (fid, _) in table.match_fields.items() if fid not in given]
+        if missing:
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: missing match field(s) {', '.join(missing)}")
+        return tuple(given[fid] for fid, _ in table.match_fields.values())
+
+    @staticmethod
+    def _action(p4info: P4Info, table, entry: p4runtime_pb2.TableEntry) -> tuple[str, tuple]:
+        if entry.action.WhichOneof("type") != "action":
+            raise WriteError(code_pb2.INVALID_ARGUMENT, f"{table.name}: a direct action is needed")
+        action_id = entry.action.action.action_id
+        action = p4info.action_by_id.get(action_id)
+        if action is None or action.name not in table.actions:
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: action id {action_id} is not an action of this table")
+        scope = {ref.id: ref.scope for t in p4info.message.tables if t.preamble.id == table.id
+                 for ref in t.action_refs}
+        if scope.get(action_id) == 2:  # DEFAULT_ONLY
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: {action.name} is a default-only action")
+        given = {p.param_id: p.value for p in entry.action.action.params}
+        params = []
+        for name, (pid, width) in action.params.items():
+            if pid not in given:
+                raise WriteError(code_pb2.INVALID_ARGUMENT,
+                                 f"{table.name}: {action.name} needs parameter {name}")
+            params.append(_int(given[pid], width, f"{action.name}.{name}"))
+        if len(given) != len(action.params):
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: {action.name} got unknown parameters")
+        return action.name, tuple(params)
+
+    def _write_group(self, update_type: int, pre: p4runtime_pb2.PacketReplicationEngineEntry):
+        if pre.WhichOneof("type") != "multicast_group_entry":
+            raise WriteError(code_pb2.UNIMPLEMENTED, "only multicast groups are supported")
+        group = pre.multicast_group_entry
+        gid = group.multicast_group_id
+        if gid == 0:
+            raise WriteError(code_pb2.INVALID_ARGUMENT, "multicast group id 0 is reserved")
+        types = p4runtime_pb2.Update
+        if update_type == types.INSERT and gid in self.groups:
+            raise WriteError(code_pb2.ALREADY_EXISTS, f"multicast group {gid} already exists")
+        if update_type in (types.MODIFY, types.DELETE) and gid not in self.groups:
+            raise WriteError(code_pb2.NOT_FOUND, f"multicast group {gid} does not exist")
+        if update_type == types.DELETE:
+            del self.groups[gid]
+            return
+        stored = p4runtime_pb2.MulticastGroupEntry()
+        stored.CopyFrom(group)
+        self.groups[gid] = stored
+
+    @staticmethod
+    def _replica_port(replica: p4runtime_pb2.Replica) -> int:
+        if replica.WhichOneof("port_kind") == "port":
+            return int.from_bytes(replica.port, "big")
+        return replica.egress_port
+
+    def _apply(self, p4info: P4Info, touched: set[int], groups_touched: bool) -> None:
+        """Swap the pipeline's dicts for freshly compiled ones (one assignment each)."""
+        changes = {}
+        for table_id in touched:
+            table = p4info.table_by_id[table_id]
+            rows = [(key, *self._action(p4info, table, entry))
+                    for key, entry in self.entries[table_id].items()]
+            changes[_TABLE_ATTRIBUTE[table.name]] = _compile_table(table.name, rows)
+        if groups_touched:
+            changes["mcast_groups"] = {
+                gid: tuple(self._replica_port(r) for r in group.replicas)
+                for gid, group in self.groups.items()
+            }
+        if changes:
+            self.pipeline.tables = replace(self.pipeline.tables, **changes)
+
+    def _read_table_entries(self, wanted: p4runtime_pb2.TableEntry,
+                            response: p4runtime_pb2.ReadResponse) -> None:
+        for table_id, rows in sorted(self.entries.items()):
+            if wanted.table_id not in (0, table_id):
+                continue
+            for entry in rows.values():
+                if wanted.match and list(wanted.match) != list(entry.match):
+                    continue
+                response.entities.add().table_entry.CopyFrom(entry)
+
+    def _read_counters(self, p4info: P4Info, wanted: p4runtime_pb2.CounterEntry,
+                       response: p4runtime_pb2.ReadResponse, context) -> None:
+        arrays = {Names.STATS: self.pipeline.stats, Names.DROPS: self.pipeline.drops,
+                  Names.UNADDRESSED: self.pipeline.unaddressed}
+        for name, (counter_id, size) in p4info.counters.items():
+            if wanted.counter_id not in (0, counter_id):
+                continue
+            values = arrays[name]
+            indices = [wanted.index.index] if wanted.HasField("index") else range(size)
+            for index in indices:
+                if index >= size:
+                    context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                  f"{name} has {size} cells, no index {index}")
+                entry = response.entities.add().counter_entry
+                entry.counter_id = counter_id
+                entry.index.index = index
+                entry.data.packet_count = values[index]
+        if wanted.counter_id and wanted.counter_id not in p4info.counter_by_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown counter id {wanted.counter_id}")
+
+
+def serve(servicer: SoftP4RuntimeServicer, address: str) -> grpc.Server:
+    """Start the gRPC server on ``address`` (host:port); raises if the port is taken."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen for P4Runtime on {address}")
+    server.start()
+    return server
+

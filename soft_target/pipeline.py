@@ -1,0 +1,278 @@
+"""The BML-INA pipeline in Python: the software target's twin of ``p4src/bml.p4``.
+
+Each method mirrors one P4 control block and keeps its order of checks, so that the packet
+tests that run against simple_switch_grpc hold this implementation to the same bytes. Where
+the two could differ, the P4 program is the reference. Table contents are plain dicts that the
+P4Runtime server (``soft_target.p4runtime_server``) replaces whole on every write, so the
+packet loop never sees a half-written table.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hosts.protocol import (
+    BML_UDP_PORT,
+    CONTROLLER_MAGIC,
+    CPU_PORT,
+    DROPS_SIZE,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    POOL_SLOTS,
+    STATS_SIZE,
+    VALUES_PER_PACKET,
+    DropReason,
+    PacketType,
+    ResultMode,
+    Stat,
+)
+
+POOL_COPIES = 2 * POOL_SLOTS
+ETH, IP, UDP = 14, 20, 8
+BML_OFF = ETH + IP + UDP  # 42
+VALUES_OFF = BML_OFF + HEADER_BYTES  # 58
+FULL_END = VALUES_OFF + 4 * VALUES_PER_PACKET  # 314
+LO_END = VALUES_OFF + 2 * VALUES_PER_PACKET  # 186
+IPV4_LEN_FULL, UDP_LEN_FULL = 300, 280
+IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = 44, 24
+_ACCEPTED_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET)
+_BE_VALUES = np.dtype(">i4")
+_IPV4_WORDS = struct.Struct("!10H")
+_UDP = struct.Struct("!HHHH")
+_BML_PORT_BYTES = BML_UDP_PORT.to_bytes(2, "big")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Parameters of ``Admission.set_job``."""
+
+    pool_base: int
+    pool_size: int
+    num_workers: int
+    result_mode: int
+    mcast_grp: int
+
+
+@dataclass(frozen=True)
+class HostAddress:
+    """Parameters of ``EgressRewrite.set_host_address``."""
+
+    host_mac: bytes
+    host_ip: bytes
+    switch_mac: bytes
+    switch_ip: bytes
+
+
+@dataclass
+class Tables:
+    """Everything the control plane installs; each attribute is replaced, never mutated."""
+
+    l2_forward: dict[bytes, int] = field(default_factory=dict)
+    job_config: dict[int, JobConfig] = field(default_factory=dict)
+    worker_admission: dict[tuple[int, int], int] = field(default_factory=dict)
+    owner_route: dict[tuple[int, int], int] = field(default_factory=dict)
+    host_address: dict[int, HostAddress] = field(default_factory=dict)
+    mcast_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+def ipv4_checksum(header: bytes | bytearray) -> int:
+    """RFC 791 checksum of a 20-byte header whose checksum field is zero."""
+    total = sum(_IPV4_WORDS.unpack_from(header))
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _with_checksum(ip: bytearray) -> bytearray:
+    ip[10:12] = b"\x00\x00"
+    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
+    return ip
+
+
+class Pipeline:
+    """Registers, counters and tables of one switch, and the per-packet logic."""
+
+    def __init__(self) -> None:
+        self.tables = Tables()
+        self.stats = [0] * STATS_SIZE
+        self.drops = [0] * DROPS_SIZE
+        self.unaddressed = [0]
+        self.reset_registers()
+
+    def reset_registers(self) -> None:
+        """Power-on state: what a freshly started switch holds."""
+        self.worker_bitmap = [0] * POOL_COPIES
+        self.contributions = [0] * POOL_COPIES
+        self.max_exponent = [0] * POOL_COPIES
+        self.chunk_offset = [0] * POOL_COPIES
+        self.sums = np.zeros((POOL_COPIES, VALUES_PER_PACKET), dtype=np.int32)
+
+    # ------------------------------------------------------------------ ingress
+    def process(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """One packet in, the copies it leaves as (egress port, frame)."""
+        if port == CPU_PORT:
+            if len(frame) >= 2 and int.from_bytes(frame[:2], "big") != CONTROLLER_MAGIC:
+                return self._drop(DropReason.FORGED_CONTROL)
+            from_controller = len(frame) >= 2
+            frame = frame[2:]
+        else:
+            from_controller = False
+        n = len(frame)
+        is_bml = (
+            n >= BML_OFF
+            and frame[12:14] == b"\x08\x00"
+            and frame[14] & 0x0F == 5
+            and (frame[20] & 0x1F) == 0 == frame[21]  # fragment offset 0
+            and frame[23] == 17
+            and frame[36:38] == _BML_PORT_BYTES
+        )
+        if not is_bml:
+            return self._forward(frame)
+        if n < FULL_END:
+            return self._drop(DropReason.SHORT_PACKET)
+        (ptype, version, job_id, worker_id, owner_id, slot, exponent, count, _r, offset) = (
+            HEADER_STRUCT.unpack_from(frame, BML_OFF)
+        )
+        # Admission
+        if count > VALUES_PER_PACKET:
+            return self._drop(DropReason.BAD_COUNT)
+        if version > 1 or ptype not in _ACCEPTED_TYPES:
+            return self._drop(DropReason.BAD_TYPE)
+        tables = self.tables
+        job = tables.job_config.get(job_id)
+        if job is None:
+            return self._drop(DropReason.UNKNOWN_JOB)
+        if slot >= job.pool_size:
+            return self._drop(DropReason.BAD_SLOT)
+        if ptype == PacketType.RESET:
+            if port != CPU_PORT or not from_controller:
+                return self._drop(DropReason.FORGED_CONTROL)
+        else:
+            worker_port = tables.worker_admission.get((job_id, worker_id))
+            if worker_port is None:
+                return self._drop(DropReason.FORGED_WORKER)
+            if worker_port != port:
+                return self._drop(DropReason.WRONG_PORT)
+        if ptype == PacketType.BROADCAST:
+            self.stats[Stat.BROADCAST] += 1
+            values = frame[VALUES_OFF:FULL_END]
+            return self._route(frame, port, job, ptype, exponent, values, tables)
+        return self._aggregate(frame, port, job, ptype, version, worker_id, slot, exponent,
+                               offset, tables)
+
+    def _aggregate(self, frame: bytes, port: int, job: JobConfig, ptype: int, version: int,
+                   worker_id: int, slot: int, exponent: int, offset: int,
+                   tables: Tables) -> list[tuple[int, bytes]]:
+        copy0 = (job.pool_base + slot) << 1  # the control plane keeps pools inside POOL_SLOTS
+        bitmaps = self.worker_bitmap
+        if ptype == PacketType.RESET:
+            bitmaps[copy0] = bitmaps[copy0 | 1] = 0
+            self.contributions[copy0] = self.contributions[copy0 | 1] = 0
+            self.stats[Stat.RESET] += 1
+            return []
+        idx = copy0 | version
+        other = copy0 | (1 - version)
+        me = (1 << worker_id) & 0xFFFFFFFF
+        bitmap = bitmaps[idx]
+        count = self.contributions[idx]
+        stored_offset = self.chunk_offset[idx]
+        if bitmap & me:
+            if count == job.num_workers and stored_offset == offset:
+                self.stats[Stat.RETX_ANSWERED] += 1
+                values = self.sums[idx].astype(_BE_VALUES).tobytes()
+                return self._route(frame, port, job, PacketType.RESULT_RETX,
+                                   self.max_exponent[idx], values, tables)
+            self.stats[Stat.DUPLICATE] += 1
+            return []
+        if bitmap and stored_offset != offset:
+            return self._drop(DropReason.STALE)
+        row = self.sums[idx]
+        incoming = np.frombuffer(frame, dtype=_BE_VALUES, count=VALUES_PER_PACKET,
+                                 offset=VALUES_OFF)
+        if bitmap == 0:
+            count = 0
+            best = 0
+            self.chunk_offset[idx] = offset
+            row[:] = incoming
+        else:
+            best = self.max_exponent[idx]
+            np.add(row, incoming, out=row, casting="unsafe")
+        bitmaps[idx] = bitmap | me
+        bitmaps[other] &= ~me & 0xFFFFFFFF
+        count = (count + 1) & 0xFF
+        self.contributions[idx] = count
+        if exponent > best:
+            best = exponent
+        self.max_exponent[idx] = best
+        self.stats[Stat.AGGREGATED] += 1
+        if count != job.num_workers:
+            return []
+        self.stats[Stat.COMPLETED] += 1
+        return self._route(frame, port, job, PacketType.RESULT, best,
+                           row.astype(_BE_VALUES).tobytes(), tables)
+
+    def _route(self, frame: bytes, port: int, job: JobConfig, ptype: int, exponent: int,
+               values: bytes, tables: Tables) -> list[tuple[int, bytes]]:
+        """ResultRouting, then EgressRewrite for every copy."""
+        owner_port = None
+        if ptype != PacketType.BROADCAST and job.result_mode == ResultMode.TO_OWNER:
+            owner_id = frame[BML_OFF + 5]
+            owner_port = tables.owner_route.get((frame[BML_OFF + 2] << 8 | frame[BML_OFF + 3],
+                                                 owner_id))
+            if owner_port is None:
+                return self._drop(DropReason.NO_OWNER)
+        if ptype == PacketType.RESULT_RETX:
+            egress_ports: tuple[int, ...] = (port,)
+        else:
+            egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
+        reply_port = frame[34] << 8 | frame[35]
+        bml = bytearray(frame[BML_OFF:VALUES_OFF])
+        bml[0] = ptype
+        bml[8] = exponent
+        trailer = frame[FULL_END:]
+        out = []
+        for egress_port in egress_ports:
+            if ptype == PacketType.BROADCAST and egress_port == port:
+                continue
+            address = tables.host_address.get(egress_port)
+            if address is None:
+                self.unaddressed[0] += 1
+                continue
+            if owner_port is not None and egress_port != owner_port:
+                bml[0] = PacketType.ACK
+                body = bytes(bml) + trailer
+                ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
+            else:
+                bml[0] = ptype
+                body = bytes(bml) + values + trailer
+                ip_len, udp_len = IPV4_LEN_FULL, UDP_LEN_FULL
+            ip = bytearray(frame[ETH:ETH + IP])
+            ip[2:4] = ip_len.to_bytes(2, "big")
+            ip[8] = 64
+            ip[12:16] = address.switch_ip
+            ip[16:20] = address.host_ip
+            out.append((egress_port,
+                        address.host_mac + address.switch_mac + frame[12:14]
+                        + _with_checksum(ip)
+                        + _UDP.pack(BML_UDP_PORT, reply_port, udp_len, 0) + body))
+        return out
+
+    def _forward(self, frame: bytes) -> list[tuple[int, bytes]]:
+        """Forwarding.l2_forward; the checksum unit then rewrites a valid IPv4 checksum."""
+        if len(frame) < ETH:
+            return self._drop(DropReason.NO_ROUTE)
+        egress = self.tables.l2_forward.get(frame[0:6])
+        if egress is None:
+            return self._drop(DropReason.NO_ROUTE)
+        self.stats[Stat.FORWARDED] += 1
+        if len(frame) >= ETH + IP and frame[12:14] == b"\x08\x00":
+            ip = _with_checksum(bytearray(frame[ETH:ETH + IP]))
+            frame = frame[:ETH] + bytes(ip) + frame[ETH + IP:]
+        return [(egress, frame)]
+
+    def _drop(self, reason: DropReason) -> list[tuple[int, bytes]]:
+        self.drops[reason] += 1
+        return []

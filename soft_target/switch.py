@@ -1,0 +1,172 @@
+"""``bml-switch``: the software target as a process, with the command line of simple_switch_grpc.
+
+Ports are AF_PACKET sockets on real interfaces (veths), so the packets the emulation sends are
+real frames on real links. One thread owns the pipeline and runs the packet loop; gRPC threads
+hand it work through ``run_in_loop``. The hot path is plain sockets, ``struct`` and numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
+from soft_target.pipeline import Pipeline
+
+log = logging.getLogger("bml-switch")
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+SOCKET_BUFFER = 8 << 20
+MAX_FRAME = 9216
+
+
+def open_port(interface: str) -> socket.socket:
+    """A raw socket on ``interface`` that sees only frames arriving from the link."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    for option in (socket.SO_RCVBUFFORCE, socket.SO_SNDBUFFORCE):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        except PermissionError:
+            pass
+    sock.bind((interface, 0))
+    sock.setblocking(False)
+    return sock
+
+
+class SoftSwitch:
+    """The packet loop: frames in from the ports, through the pipeline, copies out."""
+
+    def __init__(self, ports: dict[int, str], device_id: int) -> None:
+        self.pipeline = Pipeline()
+        self.sockets = {number: open_port(name) for number, name in ports.items()}
+        self.port_of_fd = {sock.fileno(): number for number, sock in self.sockets.items()}
+        self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.stopping = threading.Event()
+        self.tx_errors = 0
+        self.servicer = SoftP4RuntimeServicer(self.pipeline, device_id, self.run_in_loop,
+                                              self.transmit)
+
+    def run_in_loop(self, task: Callable[[], None]) -> None:
+        self.tasks.put(task)
+        os.write(self.wake_w, b"x")
+
+    def transmit(self, copies: list[tuple[int, bytes]]) -> None:
+        sockets = self.sockets
+        for port, frame in copies:
+            sock = sockets.get(port)
+            if sock is None:
+                continue  # no such port: the frame leaves nowhere, as in BMv2
+            try:
+                sock.send(frame)
+            except OSError as exc:  # ENOBUFS / EAGAIN: the link is full, the frame is lost
+                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN, errno.ENXIO):
+                    raise
+                self.tx_errors += 1
+
+    def run(self) -> None:
+        poller = select.epoll()
+        poller.register(self.wake_r, select.EPOLLIN)
+        for fd in self.port_of_fd:
+            poller.register(fd, select.EPOLLIN)
+        buffer = bytearray(MAX_FRAME)
+        view = memoryview(buffer)
+        process = self.pipeline.process
+        transmit = self.transmit
+        port_of_fd = self.port_of_fd
+        sockets = self.sockets
+        while not self.stopping.is_set():
+            for fd, _ in poller.poll(0.2):
+                if fd == self.wake_r:
+                    self._run_tasks()
+                    process = self.pipeline.process
+                    continue
+                port = port_of_fd[fd]
+                recv_into = sockets[port].recv_into
+                for _ in range(64):  # bounded burst per port keeps the ports fair
+                    try:
+                        size = recv_into(buffer)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if exc.errno == errno.ENETDOWN:
+                            break
+                        raise
+                    out = process(port, bytes(view[:size]))
+                    if out:
+                        transmit(out)
+
+    def _run_tasks(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                task = self.tasks.get_nowait()
+            except queue.Empty:
+                return
+            task()
+
+
+def parse_interface(text: str) -> tuple[int, str]:
+    number, _, name = text.partition("@")
+    if not name or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"expected PORT@INTERFACE, got {text!r}")
+    return int(number), name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bml-switch",
+        description="BML-INA software target: the p4src pipeline in Python, served over "
+                    "P4Runtime, on real interfaces.")
+    parser.add_argument("-i", "--interface", action="append", type=parse_interface, default=[],
+                        metavar="PORT@IFACE", help="attach port number PORT to IFACE")
+    parser.add_argument("--device-id", type=int, default=1)
+    parser.add_argument("--grpc-server-addr", default="127.0.0.1:9559")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
+    ports = dict(args.interface)
+    if len(ports) != len(args.interface):
+        parser.error("a port number is given twice")
+    try:
+        switch = SoftSwitch(ports, args.device_id)
+    except OSError as exc:
+        print(f"bml-switch: cannot open ports {ports}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = serve(switch.servicer, args.grpc_server_addr)
+    except OSError as exc:
+        print(f"bml-switch: {exc}", file=sys.stderr)
+        return 2
+
+    def stop(*_: object) -> None:
+        switch.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"bml-switch: device {args.device_id}, ports {ports}, P4Runtime on "
+          f"{args.grpc_server_addr}", flush=True)
+    try:
+        switch.run()
+    finally:
+        server.stop(grace=0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

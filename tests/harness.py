@@ -1,0 +1,124 @@
+"""Test harness: a namespace with a switch (software target or BMv2) and PTF's veth ends.
+
+Inside one namespace of its own: veth pairs pN <-> tN for N = 1..8; the switch owns pN, PTF
+sends and receives on tN, and P4Runtime runs on that namespace's loopback. Nothing leaves the
+namespace, and ``close`` ends the switch by its PID and deletes the namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from emulation.net import find_bmv2, stop_pid
+
+REPO = Path(__file__).resolve().parent.parent
+PTF_DIR = REPO / "tests" / "ptf"
+PORTS = range(1, 9)
+GRPC = "127.0.0.1:9559"
+
+
+def have_netns() -> str | None:
+    """None if namespaces can be used here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (`ip`)"
+    probe = subprocess.run(["ip", "netns", "add", "bmlprobe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", "bmlprobe"], capture_output=True)
+    return None
+
+
+def _ns(namespace: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", namespace, *command], capture_output=True,
+                          text=True, check=check, timeout=60)
+
+
+class PacketTestNet:
+    """A switch under test in its own namespace."""
+
+    def __init__(self, target: str, name: str, log_dir: Path) -> None:
+        self.target = target
+        self.namespace = name
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        try:
+            for key in ("all", "default"):
+                _ns(name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+            _ns(name, "ip", "link", "set", "lo", "up")
+            for port in PORTS:
+                _ns(name, "ip", "link", "add", f"p{port}", "type", "veth", "peer", "name",
+                    f"t{port}")
+                for interface in (f"p{port}", f"t{port}"):
+                    _ns(name, "sysctl", "-qw", f"net.ipv6.conf.{interface}.disable_ipv6=1",
+                        check=False)
+                    _ns(name, "ip", "link", "set", interface, "mtu", "9000")
+                    _ns(name, "ip", "link", "set", interface, "up")
+            self._start_switch()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_switch(self) -> None:
+        interfaces = [a for p in PORTS for a in ("-i", f"{p}@p{p}")]
+        if self.target == "soft":
+            command = [sys.executable, "-m", "soft_target.switch", *interfaces,
+                       "--grpc-server-addr", GRPC]
+        else:
+            logging = ["--log-console"] if os.environ.get("BML_BMV2_LOG") else []
+            command = [find_bmv2(), "--device-id", "1", *interfaces, "--no-p4", *logging,
+                       "--", "--grpc-server-addr", GRPC, "--cpu-port", "510"]
+        self.log = self.log_dir / f"switch-{self.target}.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *command],
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                            stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.target} switch exited: {self.log.read_text()[-2000:]}")
+            probe = _ns(self.namespace, sys.executable, "-c",
+                        "import socket,sys; s=socket.socket(); s.settimeout(0.3); "
+                        f"sys.exit(s.connect_ex(('127.0.0.1', {GRPC.rsplit(':')[1]})))",
+                        check=False)
+            if probe.returncode == 0:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.target} switch did not serve P4Runtime within 30 s")
+
+    def run_ptf(self, tests: list[str] | None = None, timeout: float = 900) -> dict[str, str]:
+        """Run the PTF suite; returns {test name: 'ok' | 'FAIL' | 'ERROR' | 'skipped ...'}."""
+        command = [shutil.which("ptf") or str(Path(sys.executable).parent / "ptf"),
+                   "--test-dir", str(PTF_DIR), "--pypath", str(REPO),
+                   "--log-dir", str(self.log_dir / f"ptf-{self.target}"),
+                   "--test-params", f"grpc_addr='{GRPC}';target='{self.target}'",
+                   *[a for p in PORTS for a in ("-i", f"{p}@t{p}")], *(tests or [])]
+        done = subprocess.run(["ip", "netns", "exec", self.namespace, *command],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        (self.log_dir / f"ptf-{self.target}.out").write_text(done.stdout + done.stderr)
+        results = dict(re.findall(r"^(\w+\.\w+) \.\.\. (ok|FAIL|ERROR|skipped.*)$",
+                                  done.stdout + done.stderr, re.M))
+        if not results:
+            raise RuntimeError(f"PTF ran no test (exit {done.returncode}):\n"
+                               f"{(done.stdout + done.stderr)[-3000:]}")
+        return results
+
+    def close(self) -> None:
+        if self.process is not None:
+            # `ip netns exec` execs the command, so this PID is the switch's own.
+            stop_pid(self.process.pid)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.process = None
+        subprocess.run(["ip", "netns", "delete", self.namespace], capture_output=True)

@@ -1,0 +1,161 @@
+"""Admission: everything that is not an installed worker's sane contribution is dropped and
+counted by reason, and leaves every sum untouched."""
+
+from __future__ import annotations
+
+import random
+
+import ptf.testutils as tu
+from common.bml_test import BmlTest, contribution, from_switch, lane_sums
+from scapy.packet import Raw
+
+from hosts.protocol import VALUES_PER_PACKET, DropReason, PacketType, Stat
+
+rng = random.Random(7)
+
+
+def values() -> list[int]:
+    return [rng.randint(-(1 << 20), 1 << 20) for _ in range(VALUES_PER_PACKET)]
+
+
+class DropCase:
+    """Send one bad packet between two good contributions; the sum must be the good one."""
+
+    reason: DropReason
+
+    def bad_packet(self, good_values: list[int]):
+        raise NotImplementedError
+
+    def bad_port(self) -> int:
+        return 1
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2], pool_size=8)
+        a, b = values(), values()
+        before = self.counters()
+        tu.send_packet(self, 1, contribution(1, 7, 0, a))
+        tu.send_packet(self, self.bad_port(), self.bad_packet(b))
+        tu.verify_no_other_packets(self)
+        last = contribution(2, 7, 1, b)
+        tu.send_packet(self, 2, last)
+        for port in (1, 2):
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
+                             port)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 2, Stat.COMPLETED: 1}, {self.reason: 1})
+
+
+class UnknownJob(DropCase, BmlTest):
+    reason = DropReason.UNKNOWN_JOB
+
+    def bad_packet(self, good):
+        return contribution(2, 99, 1, good)
+
+
+class ForgedWorkerId(DropCase, BmlTest):
+    reason = DropReason.FORGED_WORKER
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 5, good)
+
+
+class WrongIngressPort(DropCase, BmlTest):
+    """Worker 1's id, but sent from port 3, where worker 1 is not attached."""
+
+    reason = DropReason.WRONG_PORT
+
+    def bad_port(self) -> int:
+        return 3
+
+    def bad_packet(self, good):
+        return contribution(3, 7, 1, good)
+
+
+class ShortPacket(DropCase, BmlTest):
+    reason = DropReason.SHORT_PACKET
+
+    def bad_packet(self, good):
+        return bytes(contribution(2, 7, 1, good))[:42 + 16 + 100]
+
+
+class HeaderOnlyPacket(DropCase, BmlTest):
+    reason = DropReason.SHORT_PACKET
+
+    def bad_packet(self, good):
+        return bytes(contribution(2, 7, 1, good))[:42 + 10]
+
+
+class BadValueCount(DropCase, BmlTest):
+    reason = DropReason.BAD_COUNT
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, count=VALUES_PER_PACKET + 1)
+
+
+class SlotOutsidePool(DropCase, BmlTest):
+    reason = DropReason.BAD_SLOT
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, slot=8)
+
+
+class UnknownType(DropCase, BmlTest):
+    reason = DropReason.BAD_TYPE
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, ptype=PacketType.RESULT)
+
+
+class BadVersion(DropCase, BmlTest):
+    reason = DropReason.BAD_TYPE
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, version=2)
+
+
+class ResetFromAPort(DropCase, BmlTest):
+    """RESET is accepted only from the controller (CPU port); from a port it is forged."""
+
+    reason = DropReason.FORGED_CONTROL
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, ptype=PacketType.RESET)
+
+
+class StaleContribution(DropCase, BmlTest):
+    """A contribution whose offset is not the one the slot copy is filling (a packet delayed
+    past a reuse of its slot) is refused."""
+
+    reason = DropReason.STALE
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, offset=4096)
+
+
+class NoOwnerRoute(BmlTest):
+    """In reduce-scatter mode a result for an owner with no route is dropped and counted."""
+
+    def runTest(self) -> None:  # noqa: N802
+        from hosts.protocol import ResultMode
+
+        self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
+        before = self.counters()
+        tu.send_packet(self, 1, contribution(1, 9, 0, values(), owner=6))
+        tu.send_packet(self, 2, contribution(2, 9, 1, values(), owner=6))
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 2, Stat.COMPLETED: 1},
+                            {DropReason.NO_OWNER: 1})
+
+
+class TrailingBytesTravelWithResult(BmlTest):
+    """Bytes after the 64 values travel along (as BMv2 keeps an unparsed payload)."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2])
+        a, b = values(), values()
+        tu.send_packet(self, 1, contribution(1, 7, 0, a))
+        last = contribution(2, 7, 1, b) / Raw(b"tail")
+        tu.send_packet(self, 2, last)
+        for port in (1, 2):
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b))
+                             / Raw(b"tail"), port)

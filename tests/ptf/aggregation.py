@@ -1,0 +1,249 @@
+"""Aggregation: sums, duplicates, retransmissions, shadow copies, exponents, result routing."""
+
+from __future__ import annotations
+
+import random
+
+import ptf.testutils as tu
+from common.bml_test import (
+    BmlTest,
+    contribution,
+    from_switch,
+    lane_sums,
+)
+
+from hosts.protocol import VALUES_PER_PACKET, PacketType, ResultMode, Stat
+
+rng = random.Random(20261202)
+
+
+def random_values() -> list[int]:
+    """Values whose sums over 8 workers stay inside int32 (no wrap expected)."""
+    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(VALUES_PER_PACKET)]
+
+
+class AggregationRound:
+    """Every worker sends one contribution; the last one makes every worker get the sum."""
+
+    workers = 2
+
+    def runTest(self) -> None:  # noqa: N802 (unittest API)
+        ports = list(range(1, self.workers + 1))
+        self.add_job(7, ports)
+        vectors = [random_values() for _ in ports]
+        before = self.counters()
+        packets = [contribution(port, 7, w, vectors[w], slot=3, offset=192)
+                   for w, port in enumerate(ports)]
+        for port, packet in zip(ports[:-1], packets[:-1], strict=True):
+            tu.send_packet(self, port, packet)
+        tu.verify_no_other_packets(self)
+        tu.send_packet(self, ports[-1], packets[-1])
+        total = lane_sums(*vectors)
+        for port in ports:
+            tu.verify_packet(self, from_switch(packets[-1], port, PacketType.RESULT, total), port)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: self.workers, Stat.COMPLETED: 1})
+
+
+class TwoWorkers(AggregationRound, BmlTest):
+    workers = 2
+
+
+class ThreeWorkers(AggregationRound, BmlTest):
+    workers = 3
+
+
+class EightWorkers(AggregationRound, BmlTest):
+    workers = 8
+
+
+class SumsWrapLikeInt32(BmlTest):
+    """The switch adds in 32 bits: sums past int32 wrap (the quantiser keeps them inside)."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2])
+        big = [(1 << 31) - 1] * VALUES_PER_PACKET
+        small = [1, -5] + [2] * (VALUES_PER_PACKET - 2)
+        tu.send_packet(self, 1, contribution(1, 7, 0, big))
+        last = contribution(2, 7, 1, small)
+        tu.send_packet(self, 2, last)
+        total = lane_sums(big, small)
+        self.assertEqual(total[0], -(1 << 31))
+        tu.verify_packet(self, from_switch(last, 1, PacketType.RESULT, total), 1)
+        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, total), 2)
+
+
+class DuplicateIgnored(BmlTest):
+    """A contribution sent twice before the slot completes is added once."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        vectors = [random_values() for _ in range(3)]
+        before = self.counters()
+        tu.send_packet(self, 1, contribution(1, 7, 0, vectors[0]))
+        tu.send_packet(self, 1, contribution(1, 7, 0, vectors[0]))
+        tu.send_packet(self, 2, contribution(2, 7, 1, vectors[1]))
+        tu.verify_no_other_packets(self)
+        last = contribution(3, 7, 2, vectors[2])
+        tu.send_packet(self, 3, last)
+        total = lane_sums(*vectors)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, total), port)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.DUPLICATE: 1})
+
+
+class RetransmissionAfterCompletion(BmlTest):
+    """A worker that missed the result re-sends; only it gets the stored sum back."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        vectors = [random_values() for _ in range(3)]
+        packets = [contribution(w + 1, 7, w, vectors[w], slot=5, offset=320) for w in range(3)]
+        for w, packet in enumerate(packets):
+            tu.send_packet(self, w + 1, packet)
+        total = lane_sums(*vectors)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(packets[-1], port, PacketType.RESULT, total),
+                             port)
+        before = self.counters()
+        resend = contribution(2, 7, 1, vectors[1], slot=5, offset=320)
+        tu.send_packet(self, 2, resend)
+        tu.verify_packet(self, from_switch(resend, 2, PacketType.RESULT_RETX, total), 2)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.RETX_ANSWERED: 1})
+
+
+class ShadowCopiesAndSlotReuse(BmlTest):
+    """Version 0 and 1 of a slot hold separate sums; reusing a copy starts from zero."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2])
+        for use, version in enumerate((0, 1, 0, 1)):
+            a, b = random_values(), random_values()
+            offset = use * VALUES_PER_PACKET
+            tu.send_packet(self, 1, contribution(1, 7, 0, a, slot=2, version=version,
+                                                 offset=offset))
+            last = contribution(2, 7, 1, b, slot=2, version=version, offset=offset)
+            tu.send_packet(self, 2, last)
+            total = lane_sums(a, b)
+            for port in (1, 2):
+                tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, total), port)
+            tu.verify_no_other_packets(self)
+
+
+class OtherCopyStillAnswers(BmlTest):
+    """While copy 1 fills, a worker that missed copy 0's result still gets it."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2])
+        a0, b0, a1 = random_values(), random_values(), random_values()
+        tu.send_packet(self, 1, contribution(1, 7, 0, a0, version=0, offset=0))
+        tu.send_packet(self, 2, contribution(2, 7, 1, b0, version=0, offset=0))
+        self.dataplane.flush()
+        tu.send_packet(self, 1, contribution(1, 7, 0, a1, version=1, offset=64))
+        resend = contribution(2, 7, 1, b0, version=0, offset=0)
+        tu.send_packet(self, 2, resend)
+        tu.verify_packet(self, from_switch(resend, 2, PacketType.RESULT_RETX,
+                                           lane_sums(a0, b0)), 2)
+        tu.verify_no_other_packets(self)
+
+
+class MaxExponent(BmlTest):
+    """The result carries the largest exponent any worker announced."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        vectors = [random_values() for _ in range(3)]
+        exponents = [130, 151, 0]
+        for w in range(2):
+            tu.send_packet(self, w + 1, contribution(w + 1, 7, w, vectors[w],
+                                                     exponent=exponents[w]))
+        last = contribution(3, 7, 2, vectors[2], exponent=exponents[2])
+        tu.send_packet(self, 3, last)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT,
+                                               lane_sums(*vectors), exponent=151), port)
+
+
+class ResultToOwner(BmlTest):
+    """Reduce-scatter: the chunk's owner gets the sum, the other workers a header-only ACK."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(9, [1, 2, 3], mode=ResultMode.TO_OWNER)
+        vectors = [random_values() for _ in range(3)]
+        for w in range(2):
+            tu.send_packet(self, w + 1, contribution(w + 1, 9, w, vectors[w], owner=1))
+        last = contribution(3, 9, 2, vectors[2], owner=1)
+        tu.send_packet(self, 3, last)
+        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(*vectors)), 2)
+        tu.verify_packet(self, from_switch(last, 1, PacketType.ACK), 1)
+        tu.verify_packet(self, from_switch(last, 3, PacketType.ACK), 3)
+        tu.verify_no_other_packets(self)
+
+
+class ResultMulticastToGroupOnly(BmlTest):
+    """The multicast result reaches the job's members and no other port."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [2, 5])
+        a, b = random_values(), random_values()
+        tu.send_packet(self, 2, contribution(2, 7, 0, a))
+        last = contribution(5, 7, 1, b)
+        tu.send_packet(self, 5, last)
+        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(a, b)), 2)
+        tu.verify_packet(self, from_switch(last, 5, PacketType.RESULT, lane_sums(a, b)), 5)
+        tu.verify_no_other_packets(self)
+
+
+class Broadcast(BmlTest):
+    """A broadcast goes to every other member unchanged in its values, without aggregation."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3, 4])
+        values = random_values()
+        before = self.counters()
+        packet = contribution(3, 7, 2, values, ptype=PacketType.BROADCAST, exponent=140)
+        tu.send_packet(self, 3, packet)
+        for port in (1, 2, 4):
+            tu.verify_packet(self, from_switch(packet, port, PacketType.BROADCAST, values), port)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.BROADCAST: 1})
+
+
+class TwoJobsIsolated(BmlTest):
+    """Two jobs using the same slot numbers, interleaved, each get only their own sums."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(1, [1, 2], pool_base=0)
+        self.add_job(2, [3, 4], pool_base=16)
+        a1, b1, a2, b2 = (random_values() for _ in range(4))
+        tu.send_packet(self, 1, contribution(1, 1, 0, a1, slot=4))
+        tu.send_packet(self, 3, contribution(3, 2, 0, a2, slot=4))
+        last2 = contribution(4, 2, 1, b2, slot=4)
+        tu.send_packet(self, 4, last2)
+        tu.verify_packet(self, from_switch(last2, 3, PacketType.RESULT, lane_sums(a2, b2)), 3)
+        tu.verify_packet(self, from_switch(last2, 4, PacketType.RESULT, lane_sums(a2, b2)), 4)
+        tu.verify_no_other_packets(self)
+        last1 = contribution(2, 1, 1, b1, slot=4)
+        tu.send_packet(self, 2, last1)
+        tu.verify_packet(self, from_switch(last1, 1, PacketType.RESULT, lane_sums(a1, b1)), 1)
+        tu.verify_packet(self, from_switch(last1, 2, PacketType.RESULT, lane_sums(a1, b1)), 2)
+        tu.verify_no_other_packets(self)
+
+
+class ResetThroughPacketOut(BmlTest):
+    """A RESET from the controller empties a half-filled slot: the next round starts fresh."""
+
+    def runTest(self) -> None:  # noqa: N802
+        group = self.add_job(7, [1, 2])
+        stale = random_values()
+        tu.send_packet(self, 1, contribution(1, 7, 0, stale))
+        self.reset_slot(group, 0)
+        a, b = random_values(), random_values()
+        tu.send_packet(self, 1, contribution(1, 7, 0, a))
+        last = contribution(2, 7, 1, b)
+        tu.send_packet(self, 2, last)
+        for port in (1, 2):
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
+                             port)

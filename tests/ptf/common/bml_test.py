@@ -1,0 +1,194 @@
+"""Helpers for the packet tests: a P4Runtime session, per-port hosts, frame builders.
+
+The tests speak only P4Runtime and packets, so they run unchanged against the software target
+and against simple_switch_grpc; ``tests/test_packets.py`` starts either one and runs PTF.
+Port p (1..8) has a host with MAC 02:00:00:00:00:pp and IP 10.0.0.p behind it; the switch is
+02:ff:00:00:00:01 / 10.0.255.1 on every port.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import ptf  # noqa: E402
+import ptf.testutils as tu  # noqa: E402
+from ptf.base_tests import BaseTest  # noqa: E402
+from scapy.layers.inet import IP, UDP  # noqa: E402
+from scapy.layers.l2 import Ether  # noqa: E402
+
+from control_plane.aggregation import reset_frames  # noqa: E402
+from control_plane.jobs import AggregationGroup  # noqa: E402
+from control_plane.p4info import Names  # noqa: E402
+from control_plane.provision import install_group, remove_group  # noqa: E402
+from control_plane.session import SwitchSession, entry  # noqa: E402
+from control_plane.topology import Switch  # noqa: E402
+from hosts.protocol import (  # noqa: E402
+    BML,
+    BML_UDP_PORT,
+    EXPONENT_NONE,
+    VALUES_PER_PACKET,
+    DropReason,
+    PacketType,
+    ResultMode,
+    Stat,
+    job_udp_port,
+    values_layers,
+)
+
+PORTS = tuple(range(1, 9))
+SWITCH_MAC = "02:ff:00:00:00:01"
+SWITCH_IP = "10.0.255.1"
+# The switch object the control plane's frame builders need (only its addresses are used).
+SWITCH = Switch("dut", 0, 0, 1, PORTS)
+
+
+def host_mac(port: int) -> str:
+    return f"02:00:00:00:00:{port:02x}"
+
+
+def host_ip(port: int) -> str:
+    return f"10.0.0.{port}"
+
+
+def mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def ip_int(ip: str) -> int:
+    return int.from_bytes(bytes(int(x) for x in ip.split(".")), "big")
+
+
+class BmlTest(BaseTest):
+    """Base class: a primary session, host addresses on every port, cleanup of what it wrote."""
+
+    def setUp(self) -> None:
+        BaseTest.setUp(self)
+        self.dataplane = ptf.dataplane_instance
+        self.dataplane.flush()
+        params = tu.test_params_get()
+        self.session = SwitchSession("dut", params.get("grpc_addr", "127.0.0.1:9559"),
+                                     int(params.get("device_id", 1)), (0, 1))
+        self.session.push_pipeline()
+        self.written: list = []
+        self.groups: list[AggregationGroup] = []
+        self.write(*[entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": p},
+                           Names.SET_HOST_ADDRESS, host_mac=mac_int(host_mac(p)),
+                           host_ip=ip_int(host_ip(p)), switch_mac=mac_int(SWITCH_MAC),
+                           switch_ip=ip_int(SWITCH_IP)) for p in PORTS])
+
+    def tearDown(self) -> None:
+        for group in reversed(self.groups):
+            remove_group(self.session, SWITCH, group)
+        if self.written:
+            self.session.write_entries(reversed(self.written), kind="DELETE")
+        self.session.close()
+        BaseTest.tearDown(self)
+
+    # ------------------------------------------------------------------ set-up
+    def write(self, *entries) -> None:
+        self.session.write_entries(entries)
+        self.written.extend(entries)
+
+    def add_job(self, job_id: int, ports: list[int], pool_base: int = 0, pool_size: int = 16,
+                mode: int = ResultMode.MULTICAST) -> AggregationGroup:
+        """Worker w of the job is attached to ports[w]."""
+        group = AggregationGroup("dut", job_id, dict(enumerate(ports)), mode, pool_base,
+                                 pool_size)
+        install_group(self.session, SWITCH, group)
+        self.groups.append(group)
+        return group
+
+    def reset_slot(self, group: AggregationGroup, slot: int) -> None:
+        before = self.stat(Stat.RESET)
+        self.session.packet_out(reset_frames(SWITCH, group)[slot])
+        self.wait_for(lambda: self.stat(Stat.RESET) == before + 1, "slot reset")
+
+    # ------------------------------------------------------------------ counters
+    def stat(self, which: Stat) -> int:
+        return self.session.read_counter(Names.STATS)[which]
+
+    def drops(self, reason: DropReason) -> int:
+        return self.session.read_counter(Names.DROPS)[reason]
+
+    def counters(self) -> tuple[list[int], list[int]]:
+        return self.session.read_counter(Names.STATS), self.session.read_counter(Names.DROPS)
+
+    @staticmethod
+    def wait_for(condition, what: str, timeout: float = 3.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.02)
+
+    def assert_counted(self, before: tuple[list[int], list[int]],
+                       stats: dict[Stat, int] | None = None,
+                       drops: dict[DropReason, int] | None = None) -> None:
+        """Exactly these counters moved by exactly these amounts (counters settle async)."""
+        expected_stats = [before[0][s] + (stats or {}).get(Stat(s), 0)
+                          for s in range(len(before[0])) if s in Stat._value2member_map_]
+        expected_drops = [before[1][d] + (drops or {}).get(DropReason(d), 0)
+                          for d in range(len(before[1])) if d in DropReason._value2member_map_]
+
+        def current() -> tuple[list[int], list[int]]:
+            now = self.counters()
+            return ([now[0][s] for s in Stat], [now[1][d] for d in DropReason])
+
+        deadline = time.monotonic() + 2.0
+        while current() != (expected_stats, expected_drops) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = current()
+        self.assertEqual(dict(zip([s.name for s in Stat], got[0], strict=True)),
+                         dict(zip([s.name for s in Stat], expected_stats, strict=True)))
+        self.assertEqual(dict(zip([d.name for d in DropReason], got[1], strict=True)),
+                         dict(zip([d.name for d in DropReason], expected_drops, strict=True)))
+
+
+_ip_ids = itertools.count(1)
+
+
+def contribution(port: int, job: int, worker: int, values, slot: int = 0, version: int = 0,
+                 exponent: int = EXPONENT_NONE, offset: int = 0, owner: int = 0,
+                 ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
+                 ip_id: int | None = None):
+    """What a worker on ``port`` sends to the switch."""
+    return (Ether(dst=SWITCH_MAC, src=host_mac(port))
+            / IP(src=host_ip(port), dst=SWITCH_IP, id=next(_ip_ids) if ip_id is None else ip_id,
+                 ttl=64)
+            / UDP(sport=job_udp_port(job), dport=BML_UDP_PORT, chksum=0)
+            / BML(type=ptype, version=version, job_id=job, worker_id=worker, owner_id=owner,
+                  slot=slot, exponent=exponent, count=count, offset=offset)
+            / values_layers(list(values)))
+
+
+def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | None = None):
+    """What the switch sends to the host on ``port`` in answer to ``trigger``: the trigger's
+    IPv4 identification and BML fields, the switch's addresses, the given type and values
+    (``None`` for a header-only ACK)."""
+    bml = trigger[BML]
+    header = BML(type=ptype, version=bml.version, job_id=bml.job_id, worker_id=bml.worker_id,
+                 owner_id=bml.owner_id, slot=bml.slot,
+                 exponent=bml.exponent if exponent is None else exponent, count=bml.count,
+                 offset=bml.offset)
+    packet = (Ether(dst=host_mac(port), src=SWITCH_MAC)
+              / IP(src=SWITCH_IP, dst=host_ip(port), id=trigger[IP].id, ttl=64,
+                   tos=trigger[IP].tos, flags=trigger[IP].flags)
+              / UDP(sport=BML_UDP_PORT, dport=trigger[UDP].sport, chksum=0)
+              / header)
+    if values is not None:
+        packet = packet / values_layers(list(values))
+    return packet
+
+
+def wrap32(value: int) -> int:
+    """int32 two's-complement wrap, as the switch's 32-bit adders do."""
+    return (value + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def lane_sums(*vectors) -> list[int]:
+    return [wrap32(sum(column)) for column in zip(*vectors, strict=True)]

@@ -1,0 +1,86 @@
+"""The quantiser's stated error bound, overflow-freedom and refusal of NaN/Inf."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hosts.protocol import VALUES_PER_PACKET
+from hosts.quantize import (
+    GradientError,
+    block_exponents,
+    check_finite,
+    dequantize,
+    error_bound,
+    quantize,
+)
+
+
+def simulate(workers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the switch and hosts compute: int32 sums of quantised blocks, dequantised."""
+    n = len(workers)
+    blocks = [w.reshape(-1, VALUES_PER_PACKET) for w in workers]
+    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
+    q = [np.stack([quantize(row, e, n) for row, e in zip(b, e_max, strict=True)])
+         for b in blocks]
+    wide = np.sum([x.astype(np.int64) for x in q], axis=0)
+    assert np.all(np.abs(wide) <= 2 ** 30), "int32 sum would overflow"
+    for x in q:
+        assert x.dtype == np.int32
+    result = dequantize(wide.astype(np.int32), e_max, n).reshape(-1)
+    return result, e_max, wide
+
+
+DATASETS = {
+    "normal": lambda rng, n: rng.standard_normal(n),
+    "huge": lambda rng, n: rng.standard_normal(n) * 3e38 / 256,  # sums of 32 stay in float32
+    "tiny": lambda rng, n: rng.standard_normal(n) * 1e-40,
+    "mixed": lambda rng, n: rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n),
+    "signs": lambda rng, n: np.where(rng.random(n) < 0.5, -1, 1) * rng.random(n),
+    "zeros": lambda rng, n: np.zeros(n),
+}
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8, 32])
+@pytest.mark.parametrize("data", sorted(DATASETS))
+def test_error_bound_against_float64(workers, data):
+    rng = np.random.default_rng(workers * 1000 + len(data))
+    length = 64 * 50
+    grads = [DATASETS[data](rng, length).astype(np.float32) for _ in range(workers)]
+    result, e_max, _ = simulate(grads)
+    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+    rows = result.reshape(-1, VALUES_PER_PACKET)
+    bound = error_bound(e_max, workers, rows).reshape(-1)
+    error = np.abs(result.astype(np.float64) - exact)
+    assert np.all(np.isfinite(result))
+    assert np.all(error <= bound), f"max excess {np.max(error - bound)}"
+
+
+def test_largest_float32_values_do_not_overflow():
+    top = np.finfo(np.float32).max
+    grads = [np.full(64, top, np.float32), np.full(64, -top, np.float32),
+             np.full(64, top, np.float32)]
+    result, _, _ = simulate(grads)
+    assert np.allclose(result, top, rtol=1e-6)
+
+
+def test_sum_beyond_float32_is_refused_not_inf():
+    top = np.finfo(np.float32).max
+    with pytest.raises(GradientError, match="beyond float32"):
+        simulate([np.full(64, top, np.float32)] * 2)
+
+
+def test_bound_is_tight_enough_to_matter():
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(64 * 10).astype(np.float32) for _ in range(8)]
+    result, e_max, _ = simulate(grads)
+    bound = error_bound(e_max, 8, result.reshape(-1, 64))
+    assert np.max(bound) < 1e-5  # relative to values of order 1
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_refused(bad):
+    values = np.ones(100, np.float32)
+    values[17] = bad
+    with pytest.raises(GradientError, match="first at flat index 17"):
+        check_finite(values)

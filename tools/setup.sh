@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for BML-INA: system tools (as root, via apt-get) and a virtualenv.
+# Idempotent: a second run only checks. Used by `make setup`, `make run`, `make test`, .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
+command -v sysctl >/dev/null 2>&1 || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to apt-get install ${need[*]}" >&2; exit 1
+  fi
+  echo "setup: apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.bml-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test,bench]"
+  touch "$stamp"
+fi
