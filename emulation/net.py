@@ -229,6 +229,23 @@ def _build(state: State, topology: Topology, shaping: Shaping, target: str,
         wait_for_port(sw["address"], sw["pid"], 30, sw["log"])
 
 
+def reshape(state: State, shaping: Shaping) -> None:
+    """Change tc shaping on every link of a running emulation (both directions)."""
+    topology = state.topo()
+    for sw in topology.switches:
+        for port, server in zip(sw.ports, sw.servers, strict=True):
+            interface = f"{state.tag}{sw.device_id}p{port}"
+            host_side = topology.nics(server)[sw.level].interface
+            for name, namespace in ((interface, None), (host_side, state.namespace_of(server))):
+                if shaping.active:
+                    netns.shape(name, shaping, namespace)
+                else:
+                    netns.run("tc", "qdisc", "del", "dev", name, "root", namespace=namespace,
+                              check=False)
+    state.shaping = shaping.__dict__
+    state.save()
+
+
 def _start_monitor(state: State) -> None:
     """The control plane's health monitor, for as long as the emulation is up."""
     log = state.run_dir / "monitor.log"

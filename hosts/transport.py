@@ -263,7 +263,8 @@ class AggregationTransport:
                 rto = self.rto
                 for slot in range(window):
                     frame = frames[slot]
-                    if frame is not None and now - last_sent[slot] > rto * (1 << min(retries[slot], 8)):
+                    backoff = rto * (1 << min(retries[slot], 8))
+                    if frame is not None and now - last_sent[slot] > backoff:
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1

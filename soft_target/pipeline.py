@@ -133,7 +133,7 @@ class Pipeline:
             return self._forward(frame)
         if n < FULL_END:
             return self._drop(DropReason.SHORT_PACKET)
-        (ptype, version, job_id, worker_id, owner_id, slot, exponent, count, _r, offset) = (
+        (ptype, version, job_id, worker_id, _owner, slot, exponent, count, _r, offset) = (
             HEADER_STRUCT.unpack_from(frame, BML_OFF)
         )
         # Admission

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from emulation.net import find_bmv2
-from tests.harness import PTF_DIR, PacketTestNet, have_netns
+from emulation.testbed import PTF_DIR, SwitchTestbed, have_netns
 
 
 def ptf_test_names() -> list[str]:
@@ -38,7 +38,7 @@ def ptf_results(request, tmp_path_factory):
         pytest.skip(NETNS_REASON)
     target = request.param
     if target not in _results:
-        net = PacketTestNet(target, f"bmlptf{target}", tmp_path_factory.mktemp(f"ptf-{target}"))
+        net = SwitchTestbed(target, f"bmlptf{target}", tmp_path_factory.mktemp(f"ptf-{target}"))
         try:
             _results[target] = net.run_ptf()
             _results[target]["__log__"] = str(net.log_dir)

@@ -15,19 +15,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import ptf  # noqa: E402
-import ptf.testutils as tu  # noqa: E402
-from ptf.base_tests import BaseTest  # noqa: E402
-from scapy.layers.inet import IP, UDP  # noqa: E402
-from scapy.layers.l2 import Ether  # noqa: E402
+import ptf
+import ptf.testutils as tu
+from ptf.base_tests import BaseTest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
-from control_plane.aggregation import reset_frames  # noqa: E402
-from control_plane.jobs import AggregationGroup  # noqa: E402
-from control_plane.p4info import Names  # noqa: E402
-from control_plane.provision import install_group, remove_group  # noqa: E402
-from control_plane.session import SwitchSession, entry  # noqa: E402
-from control_plane.topology import Switch  # noqa: E402
-from hosts.protocol import (  # noqa: E402
+from control_plane.aggregation import reset_frames
+from control_plane.jobs import AggregationGroup
+from control_plane.p4info import Names
+from control_plane.provision import install_group, remove_group
+from control_plane.session import SwitchSession, entry
+from control_plane.topology import Switch
+from hosts.protocol import (
     BML,
     BML_UDP_PORT,
     EXPONENT_NONE,

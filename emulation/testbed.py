@@ -1,8 +1,9 @@
-"""Test harness: a namespace with a switch (software target or BMv2) and PTF's veth ends.
+"""A switch under test: one namespace holding a switch (software target or BMv2) and veths.
 
-Inside one namespace of its own: veth pairs pN <-> tN for N = 1..8; the switch owns pN, PTF
-sends and receives on tN, and P4Runtime runs on that namespace's loopback. Nothing leaves the
-namespace, and ``close`` ends the switch by its PID and deletes the namespace.
+Inside one namespace of its own: veth pairs pN <-> tN for N = 1..ports; the switch owns pN,
+the packet tests (PTF) or a benchmark's traffic generator use tN, and P4Runtime runs on that
+namespace's loopback. Nothing leaves the namespace, and ``close`` ends the switch by its PID
+and deletes the namespace. Used by tests/test_packets.py and benchmarks/switch_pps.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from emulation.net import find_bmv2, stop_pid
 
 REPO = Path(__file__).resolve().parent.parent
 PTF_DIR = REPO / "tests" / "ptf"
-PORTS = range(1, 9)
 GRPC = "127.0.0.1:9559"
 
 
@@ -36,48 +36,52 @@ def have_netns() -> str | None:
     return None
 
 
-def _ns(namespace: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+def in_namespace(namespace: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", namespace, *command], capture_output=True,
                           text=True, check=check, timeout=60)
 
 
-class PacketTestNet:
-    """A switch under test in its own namespace."""
+class SwitchTestbed:
+    """A switch under test in its own namespace, ports 1..``ports`` on veths pN/tN."""
 
-    def __init__(self, target: str, name: str, log_dir: Path) -> None:
+    def __init__(self, target: str, name: str, log_dir: Path, ports: int = 8,
+                 bmv2: str | None = None) -> None:
         self.target = target
         self.namespace = name
         self.log_dir = log_dir
+        self.ports = range(1, ports + 1)
+        self.bmv2 = bmv2 or find_bmv2()
         self.process: subprocess.Popen | None = None
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
         try:
             for key in ("all", "default"):
-                _ns(name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
-            _ns(name, "ip", "link", "set", "lo", "up")
-            for port in PORTS:
-                _ns(name, "ip", "link", "add", f"p{port}", "type", "veth", "peer", "name",
+                in_namespace(name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1",
+                             check=False)
+            in_namespace(name, "ip", "link", "set", "lo", "up")
+            for port in self.ports:
+                in_namespace(name, "ip", "link", "add", f"p{port}", "type", "veth", "peer", "name",
                     f"t{port}")
                 for interface in (f"p{port}", f"t{port}"):
-                    _ns(name, "sysctl", "-qw", f"net.ipv6.conf.{interface}.disable_ipv6=1",
+                    in_namespace(name, "sysctl", "-qw", f"net.ipv6.conf.{interface}.disable_ipv6=1",
                         check=False)
-                    _ns(name, "ip", "link", "set", interface, "mtu", "9000")
-                    _ns(name, "ip", "link", "set", interface, "up")
+                    in_namespace(name, "ip", "link", "set", interface, "mtu", "9000")
+                    in_namespace(name, "ip", "link", "set", interface, "up")
             self._start_switch()
         except BaseException:
             self.close()
             raise
 
     def _start_switch(self) -> None:
-        interfaces = [a for p in PORTS for a in ("-i", f"{p}@p{p}")]
+        interfaces = [a for p in self.ports for a in ("-i", f"{p}@p{p}")]
         if self.target == "soft":
             command = [sys.executable, "-m", "soft_target.switch", *interfaces,
                        "--grpc-server-addr", GRPC]
         else:
             logging = ["--log-console"] if os.environ.get("BML_BMV2_LOG") else []
-            command = [find_bmv2(), "--device-id", "1", *interfaces, "--no-p4", *logging,
+            command = [self.bmv2, "--device-id", "1", *interfaces, "--no-p4", *logging,
                        "--", "--grpc-server-addr", GRPC, "--cpu-port", "510"]
-        self.log = self.log_dir / f"switch-{self.target}.log"
+        self.log = self.log_dir / f"switch-{self.target}-{self.namespace}.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *command],
                                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
@@ -86,7 +90,7 @@ class PacketTestNet:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.target} switch exited: {self.log.read_text()[-2000:]}")
-            probe = _ns(self.namespace, sys.executable, "-c",
+            probe = in_namespace(self.namespace, sys.executable, "-c",
                         "import socket,sys; s=socket.socket(); s.settimeout(0.3); "
                         f"sys.exit(s.connect_ex(('127.0.0.1', {GRPC.rsplit(':')[1]})))",
                         check=False)
@@ -101,7 +105,7 @@ class PacketTestNet:
                    "--test-dir", str(PTF_DIR), "--pypath", str(REPO),
                    "--log-dir", str(self.log_dir / f"ptf-{self.target}"),
                    "--test-params", f"grpc_addr='{GRPC}';target='{self.target}'",
-                   *[a for p in PORTS for a in ("-i", f"{p}@t{p}")], *(tests or [])]
+                   *[a for p in self.ports for a in ("-i", f"{p}@t{p}")], *(tests or [])]
         done = subprocess.run(["ip", "netns", "exec", self.namespace, *command],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
         (self.log_dir / f"ptf-{self.target}.out").write_text(done.stdout + done.stderr)

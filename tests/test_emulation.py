@@ -1,0 +1,180 @@
+"""bml-net and bml-ctl: topologies come up provisioned, pass traffic, show counters, go away."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from control_plane.fabric import Fabric
+from control_plane.status import read_events
+from emulation import net
+from emulation.net import State
+from tests.conftest import NETNS_REASON, emulation
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")]
+
+
+def ping(state: State, server: int, ip: str) -> bool:
+    done = subprocess.run(["ip", "netns", "exec", state.namespace_of(server), "ping", "-c", "1",
+                           "-W", "2", ip], capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def push_all(state: State, job: int, servers: list[int], interface: str, size: int,
+             tmp_path, seed: int = 0) -> list[tuple[subprocess.CompletedProcess, np.ndarray]]:
+    """Every server in ``servers`` pushes a random gradient on ``interface``; returns the
+    runs and the exact float64 sum of the gradients."""
+    rng = np.random.default_rng(seed)
+    grads = [rng.standard_normal(size).astype(np.float32) for _ in servers]
+    processes = []
+    for rank, (server, grad) in enumerate(zip(servers, grads, strict=True)):
+        path = tmp_path / f"j{job}-s{server}.npy"
+        np.save(path, grad)
+        processes.append(subprocess.Popen(
+            ["ip", "netns", "exec", state.namespace_of(server), sys.executable, "-m",
+             "hosts.cli", "push", "--in", str(path),
+             "--out", str(tmp_path / f"o{job}-{server}.npy"),
+             "--job", str(job), "--rank", str(rank), "--world", str(len(servers)),
+             "--interface", interface, "--timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+    runs = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        runs.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return [(run, exact) for run in runs]
+
+
+def assert_sums(results, tmp_path, job: int, servers: list[int], tolerance: float = 1e-5):
+    for (run, exact), server in zip(results, servers, strict=True):
+        assert run.returncode == 0, run.stderr
+        got = np.load(tmp_path / f"o{job}-{server}.npy")
+        np.testing.assert_allclose(got, exact, atol=tolerance * len(servers))
+
+
+def test_star4_up_ping_aggregate_status_down(tmp_path):
+    with emulation("tstar", "star:4") as state:
+        topo = state.topo()
+        for a in range(4):
+            for b in range(4):
+                if a != b:
+                    assert ping(state, a, topo.nics(b)[0].ip), f"h{a} cannot ping h{b}"
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        fabric.add_job(1, [0, 1, 2, 3])
+        assert_sums(push_all(state, 1, [0, 1, 2, 3], "eth0", 5000, tmp_path), tmp_path, 1,
+                    [0, 1, 2, 3])
+        status = "\n".join(net.status_lines(state))
+        assert "s0" in status and "aggregated" in status
+        ctl = subprocess.run([sys.executable, "-m", "control_plane.cli", "--fabric",
+                              str(state.run_dir / "fabric.json"), "status"],
+                             capture_output=True, text=True, timeout=60)
+        assert ctl.returncode == 0, ctl.stderr
+        assert "aggregated" in ctl.stdout and "completed" in ctl.stdout
+        row = next(line for line in ctl.stdout.splitlines() if line.startswith("s0 "))
+        assert int(row.split()[1]) > 0  # aggregated
+    assert not any(name.startswith("tstar-") for name in net.netns.namespaces())
+
+
+def test_bcube22_every_level_pings_and_aggregates(tmp_path):
+    with emulation("tbc22", "bcube:2,2") as state:
+        topo = state.topo()
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        for level in range(2):
+            for server in range(4):
+                for peer in topo.neighbours(server, level):
+                    assert ping(state, server, topo.nics(peer)[level].ip), \
+                        f"h{server} cannot reach h{peer} over level {level}"
+        for level in range(2):
+            job = 10 + level
+            fabric.add_job(job, [0, 1, 2, 3], level=level)
+            for sw in (s for s in topo.switches if s.level == level):
+                for run, _exact in push_level(state, job, list(sw.servers), topo, level,
+                                              tmp_path):
+                    assert run.returncode == 0, run.stderr
+
+
+def push_level(state, job, servers, topo, level, tmp_path):
+    """Servers on one level-l switch push with worker id = their digit l."""
+    rng = np.random.default_rng(level)
+    grads = {s: rng.standard_normal(3000).astype(np.float32) for s in servers}
+    processes = []
+    for server in servers:
+        path = tmp_path / f"l{level}-{server}.npy"
+        np.save(path, grads[server])
+        processes.append((server, subprocess.Popen(
+            ["ip", "netns", "exec", state.namespace_of(server), sys.executable, "-m",
+             "hosts.cli", "push", "--in", str(path),
+             "--out", str(tmp_path / f"r{level}-{server}.npy"),
+             "--job", str(job), "--rank", str(topo.digits(server)[level]),
+             "--world", str(len(servers)), "--interface", f"eth{level}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    exact = np.sum([g.astype(np.float64) for g in grads.values()], axis=0)
+    results = []
+    for server, process in processes:
+        out, err = process.communicate(timeout=60)
+        run = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        if run.returncode == 0:
+            np.testing.assert_allclose(np.load(tmp_path / f"r{level}-{server}.npy"), exact,
+                                       atol=1e-4)
+        results.append((run, exact))
+    return results
+
+
+@pytest.mark.parametrize(("topo", "message"), [
+    ("bcube:1,2", "n must be at least 2"),
+    ("bcube:3,0", "k must be at least 1"),
+    ("bcube:6,2", "this machine"),
+    ("ring:3", "use star:N or bcube:n,k"),
+])
+def test_bad_requests_refused_before_anything_is_made(topo, message):
+    if topo == "bcube:6,2" and (os.cpu_count() or 1) * net.SERVERS_PER_CORE >= 36:
+        pytest.skip("this machine could hold bcube:6,2")
+    done = subprocess.run([sys.executable, "-m", "emulation.net", "--name", "tbad", "up",
+                           "--topo", topo], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert net.leftovers("tbad") == []
+
+
+def test_bmv2_requested_but_missing_is_refused(monkeypatch):
+    if net.find_bmv2() is not None:
+        pytest.skip("simple_switch_grpc is installed here")
+    with pytest.raises(net.NetError, match="simple_switch_grpc is not installed"):
+        net.up("tbad", "star:2", target="bmv2")
+    assert net.leftovers("tbad") == []
+
+
+def test_dead_switch_reported_by_health_monitor():
+    with emulation("thlth", "star:2") as state:
+        pid = state.switches["s0"]["pid"]
+        events_path = state.run_dir / "events.jsonl"
+        time.sleep(1.0)  # the monitor has taken its first look
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        deadline = killed + 10
+        while time.monotonic() < deadline:
+            downs = [e for e in read_events(events_path) if e["kind"] == "switch_down"]
+            if downs:
+                break
+            time.sleep(0.1)
+        assert downs, "no switch_down event within 10 s"
+        assert downs[0]["switch"] == "s0"
+        assert time.monotonic() - killed < 5.0
+        ctl = subprocess.run([sys.executable, "-m", "control_plane.cli", "--fabric",
+                              str(state.run_dir / "fabric.json"), "events"],
+                             capture_output=True, text=True, timeout=30)
+        assert "switch_down" in ctl.stdout and "s0" in ctl.stdout
+
+
+def test_down_after_a_crash_removes_everything():
+    """Kill the switch and leave the run dir as a crash would; down still cleans up."""
+    with emulation("tcrsh", "star:2") as state:
+        os.kill(state.switches["s0"]["pid"], signal.SIGKILL)
+    assert net.leftovers("tcrsh") == []
