@@ -28,12 +28,15 @@ def p4_sources() -> list[Path]:
 
 
 def p4_source_hash() -> str:
-    """SHA-256 over the P4 sources' relative paths and contents."""
-    digest = hashlib.sha256()
-    for path in p4_sources():
-        digest.update(str(path.relative_to(P4SRC_DIR)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """SHA-256 of the ``sha256sum`` listing of the P4 sources (relative paths, sorted).
+
+    The same as ``(cd p4src && find . -name '*.p4' -not -path './build/*' | sed 's|^./||' |
+    LC_ALL=C sort | xargs sha256sum) | sha256sum``, so a p4c container without Python can
+    record it too."""
+    listing = "".join(
+        f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(P4SRC_DIR)}\n"
+        for path in sorted(p4_sources(), key=lambda p: str(p.relative_to(P4SRC_DIR))))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 class PipelineNotBuilt(RuntimeError):

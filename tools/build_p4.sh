@@ -8,7 +8,7 @@ mkdir -p "$out"
 args=(--arch v1model --std p4-16 -I p4src -o "$out/bml.json"
       --p4runtime-files "$out/bml.p4info.txtpb" p4src/bml.p4)
 p4c=${P4C:-$(command -v p4c-bm2-ss || true)}
-[ -n "$p4c" ] || { [ -x /opt/p4c/bin/p4c-bm2-ss ] && p4c=/opt/p4c/bin/p4c-bm2-ss; } || true
+if [ -z "$p4c" ] && [ -x /opt/p4c/bin/p4c-bm2-ss ]; then p4c=/opt/p4c/bin/p4c-bm2-ss; fi
 if [ -n "$p4c" ]; then
   echo "build: $p4c ($("$p4c" --version | head -1))"
   "$p4c" "${args[@]}"
@@ -19,6 +19,8 @@ else
   echo "build: no p4c-bm2-ss and no docker engine: cannot compile p4src" >&2
   exit 1
 fi
-.venv/bin/python -c "from control_plane.p4info import p4_source_hash as h; print(h(), 'p4src/*.p4')" \
-  > "$out/p4src.sha256"
-echo "build: $out/bml.json, $out/bml.p4info.txtpb, hash $(cut -c1-12 "$out/p4src.sha256")"
+# The sources' hash (control_plane/p4info.py: p4_source_hash computes the same in Python).
+hash=$(cd p4src && find . -name '*.p4' -not -path './build/*' | sed 's|^\./||' | LC_ALL=C sort \
+       | xargs sha256sum | sha256sum | cut -d' ' -f1)
+echo "$hash  p4src/**/*.p4 (sha256 of their sha256sum listing)" > "$out/p4src.sha256"
+echo "build: $out/bml.json, $out/bml.p4info.txtpb, sources $hash"

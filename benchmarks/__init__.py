@@ -1,0 +1,1 @@
+"""Reproducible measurements (not tests): each prints a table and writes results/."""

@@ -1,0 +1,222 @@
+"""Benchmark: in-network allreduce against gloo's ring allreduce on the same shaped star.
+
+bml-net brings up star:N on the software target with every link shaped by tc to ``--rate``
+(a rate the switch keeps up with). For each size, N workers push through the switch with
+``bml-host`` (in-network aggregation), then torch.distributed's gloo ``all_reduce`` runs in the
+same namespaces over the same links (the switch only forwards). Printed and written to
+results/allreduce_gst.{md,json,png}: GST (slowest worker), goodput, bytes per NIC against the
+link-bound model (control_plane/cost_model.py) and the ratio to gloo.
+
+    python -m benchmarks.allreduce_gst [--rate 20mbit] [--sizes 1M 4M] [--workers 4]
+
+torch is optional (`pip install torch==2.13.0`); without it the gloo rows say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from control_plane import cost_model
+from control_plane.fabric import Fabric
+from emulation import net
+from emulation.demo import check_sum, run_pushes
+from emulation.netns import Shaping
+
+RESULTS = Path("results")
+GLOO_SCRIPT = textwrap.dedent("""
+    import os, sys, time, json
+    import numpy as np
+    import torch, torch.distributed as dist
+    rank, world, master, size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:29500", rank=rank,
+                            world_size=world, timeout=__import__("datetime").timedelta(seconds=120))
+    torch.set_num_threads(1)
+    x = torch.from_numpy(np.random.default_rng(rank).standard_normal(size).astype(np.float32))
+    warm = torch.ones(1024)
+    dist.all_reduce(warm)
+    dist.barrier()
+    t0 = time.monotonic()
+    dist.all_reduce(x)
+    seconds = time.monotonic() - t0
+    print(json.dumps({"rank": rank, "seconds": seconds}))
+    dist.destroy_process_group()
+""")
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([KMkm]?)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}")
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
+
+
+def rate_bps(rate: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad rate {rate!r} (e.g. 20mbit)")
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+
+
+def tx_bytes(state, server: int) -> int:
+    out = subprocess.run(["ip", "netns", "exec", state.namespace_of(server), "cat",
+                          "/sys/class/net/eth0/statistics/tx_bytes"], capture_output=True,
+                         text=True, check=True)
+    return int(out.stdout)
+
+
+def have_torch() -> bool:
+    return subprocess.run([sys.executable, "-c", "import torch.distributed"],
+                          capture_output=True).returncode == 0
+
+
+def run_in_network(state, workers: int, size: int, tmp: Path) -> dict:
+    rng = np.random.default_rng(size)
+    grads = [rng.standard_normal(size).astype(np.float32) for _ in range(workers)]
+    ins = [tmp / f"g{r}.npy" for r in range(workers)]
+    outs = [tmp / f"s{r}.npy" for r in range(workers)]
+    for path, grad in zip(ins, grads, strict=True):
+        np.save(path, grad)
+    before = [tx_bytes(state, s) for s in range(workers)]
+    runs = run_pushes(state, state.run_dir / "fabric.json", 1, ins, outs,
+                      ["--timeout", "600"], timeout=900)
+    after = [tx_bytes(state, s) for s in range(workers)]
+    seconds = []
+    for run in runs:
+        if run.returncode != 0:
+            raise RuntimeError(f"push failed: {run.stderr[-1500:]}")
+        seconds.append(float(re.search(r"seconds=([\d.]+)", run.stdout).group(1)))
+    retransmissions = sum(int(re.search(r"retransmissions=(\d+)", r.stdout).group(1))
+                          for r in runs)
+    correct = all(check_sum(np.load(out), grads)[2] for out in outs)
+    return {"gst": max(seconds), "nic_bytes": max(a - b for a, b in zip(after, before,
+                                                                         strict=True)),
+            "retransmissions": retransmissions, "correct": correct}
+
+
+def run_gloo(state, workers: int, size: int, tmp: Path) -> dict:
+    script = tmp / "gloo_allreduce.py"
+    script.write_text(GLOO_SCRIPT)
+    master = state.topo().nics(0)[0].ip
+    before = [tx_bytes(state, s) for s in range(workers)]
+    processes = [subprocess.Popen(
+        ["ip", "netns", "exec", state.namespace_of(r), sys.executable, str(script), str(r),
+         str(workers), master, str(size)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for r in range(workers)]
+    seconds = []
+    for process in processes:
+        out, err = process.communicate(timeout=900)
+        if process.returncode != 0:
+            raise RuntimeError(f"gloo failed: {err[-1500:]}")
+        seconds.append(json.loads(out.strip().splitlines()[-1])["seconds"])
+    after = [tx_bytes(state, s) for s in range(workers)]
+    return {"gst": max(seconds), "nic_bytes": max(a - b for a, b in zip(after, before,
+                                                                         strict=True))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rate", default="20mbit")
+    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[1 << 20, 4 << 20])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--name", default="bench")
+    args = parser.parse_args(argv)
+    rate = rate_bps(args.rate)
+    torch_ok = have_torch()
+    rows = []
+    net.down(args.name)
+    state = net.up(args.name, f"star:{args.workers}", "soft", Shaping(rate=args.rate))
+    try:
+        Fabric.load(state.run_dir / "fabric.json").add_job(1, list(range(args.workers)))
+        with tempfile.TemporaryDirectory(prefix="bml-gst-") as tmp:
+            for size in args.sizes:
+                bml = run_in_network(state, args.workers, size, Path(tmp))
+                model = cost_model.in_network_gst(size, rate)
+                row = {"elements": size, "workers": args.workers, "rate_bps": rate,
+                       "bml_gst": bml["gst"], "bml_model_gst": model,
+                       "bml_nic_bytes": bml["nic_bytes"],
+                       "bml_model_bytes": cost_model.in_network_wire_bytes(size),
+                       "bml_goodput_bps": 32 * size / bml["gst"],
+                       "bml_retransmissions": bml["retransmissions"],
+                       "bml_correct": bml["correct"],
+                       "ring_model_gst": cost_model.ring_gst(size, args.workers, rate)}
+                print(f"in-network {size:>8} floats: GST {bml['gst']:.2f} s (model {model:.2f} s)",
+                      flush=True)
+                if torch_ok:
+                    time.sleep(1)
+                    gloo = run_gloo(state, args.workers, size, Path(tmp))
+                    row.update({"gloo_gst": gloo["gst"], "gloo_nic_bytes": gloo["nic_bytes"]})
+                    print(f"gloo       {size:>8} floats: GST {gloo['gst']:.2f} s "
+                          f"(model {row['ring_model_gst']:.2f} s)", flush=True)
+                rows.append(row)
+    finally:
+        net.down(args.name)
+    write_results(rows, rate, torch_ok)
+    return 0
+
+
+def write_results(rows: list[dict], rate: float, torch_ok: bool) -> None:
+    share = cost_model.payload_share()
+    lines = [f"Links shaped to {rate / 1e6:g} Mbit/s per direction; payload share of a BML "
+             f"packet {share:.3f}, so the goodput ceiling is {rate * share / 1e6:.2f} Mbit/s.",
+             "",
+             "| floats | scheme | GST s | model s | GST/model | goodput Mbit/s | "
+             "% of ceiling | bytes/NIC | model bytes | vs gloo |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        vs = f"{r['bml_gst'] / r['gloo_gst']:.2f}" if "gloo_gst" in r else "n/a"
+        lines.append(
+            f"| {r['elements']} | in-network | {r['bml_gst']:.2f} | {r['bml_model_gst']:.2f} | "
+            f"{r['bml_gst'] / r['bml_model_gst']:.2f} | {r['bml_goodput_bps'] / 1e6:.2f} | "
+            f"{100 * r['bml_goodput_bps'] / (rate * share):.0f} | {r['bml_nic_bytes']} | "
+            f"{r['bml_model_bytes']} | {vs} |")
+        if "gloo_gst" in r:
+            lines.append(
+                f"| {r['elements']} | gloo ring | {r['gloo_gst']:.2f} | "
+                f"{r['ring_model_gst']:.2f} | {r['gloo_gst'] / r['ring_model_gst']:.2f} | "
+                f"{32 * r['elements'] / r['gloo_gst'] / 1e6:.2f} | | {r['gloo_nic_bytes']} | "
+                f"{cost_model.ring_wire_bytes(r['elements'], r['workers']):.0f} | 1.00 |")
+    if not torch_ok:
+        lines += ["", "gloo: torch is not installed here (pip install torch==2.13.0)."]
+    table = "\n".join(lines)
+    print("\n" + table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "allreduce_gst.md").write_text("# In-network allreduce vs gloo\n\n" + table + "\n")
+    (RESULTS / "allreduce_gst.json").write_text(json.dumps(rows, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = [f"{r['elements'] / (1 << 20):g}M" for r in rows]
+    x = np.arange(len(rows))
+    ax.bar(x - 0.3, [r["bml_gst"] for r in rows], 0.2, label="in-network (measured)")
+    ax.bar(x - 0.1, [r["bml_model_gst"] for r in rows], 0.2, label="in-network (model)")
+    if torch_ok:
+        ax.bar(x + 0.1, [r.get("gloo_gst", 0) for r in rows], 0.2, label="gloo ring (measured)")
+    ax.bar(x + 0.3, [r["ring_model_gst"] for r in rows], 0.2, label="ring (model)")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("float32 elements per worker")
+    ax.set_ylabel("GST (s)")
+    ax.set_title(f"star:{rows[0]['workers']}, links {rate / 1e6:g} Mbit/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "allreduce_gst.png", dpi=120)
+    print(f"written: {RESULTS}/allreduce_gst.md, .json, .png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
