@@ -430,12 +430,14 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown counter id {wanted.counter_id}")
 
 
-def serve(servicer: SoftP4RuntimeServicer, address: str) -> grpc.Server:
-    """Start the gRPC server on ``address`` (host:port); raises if the port is taken."""
+def serve(servicer: SoftP4RuntimeServicer, address: str) -> tuple[grpc.Server, int]:
+    """Start the gRPC server on ``address`` (host:port, port 0 = any); returns it and its
+    port. Raises OSError if the address cannot be bound."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
-    if server.add_insecure_port(address) == 0:
+    port = server.add_insecure_port(address)
+    if port == 0:
         raise OSError(f"cannot listen for P4Runtime on {address}")
     server.start()
-    return server
+    return server, port
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bml-switch: cannot open ports {ports}: {exc}", file=sys.stderr)
         return 2
     try:
-        server = serve(switch.servicer, args.grpc_server_addr)
+        server, _ = serve(switch.servicer, args.grpc_server_addr)
     except OSError as exc:
         print(f"bml-switch: {exc}", file=sys.stderr)
         return 2

@@ -178,3 +178,17 @@ def test_down_after_a_crash_removes_everything():
     with emulation("tcrsh", "star:2") as state:
         os.kill(state.switches["s0"]["pid"], signal.SIGKILL)
     assert net.leftovers("tcrsh") == []
+
+
+def test_bcube32_comes_up_and_neighbours_ping():
+    """The seed's testbed size: 9 servers, 6 switches; every neighbour pair on every level."""
+    started = time.monotonic()
+    with emulation("tbc32", "bcube:3,2") as state:
+        up_seconds = time.monotonic() - started
+        topo = state.topo()
+        assert len(state.switches) == 6 and len(state.namespaces) == 9
+        failures = [(s, p, level) for level in range(2) for s in range(9)
+                    for p in topo.neighbours(s, level)
+                    if not ping(state, s, topo.nics(p)[level].ip)]
+        assert failures == []
+        print(f"bcube:3,2 up in {up_seconds:.1f} s")
