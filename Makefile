@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-bmv2 bench lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 bench lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -15,6 +15,9 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+test-e2e: setup
+	$(PY) -m pytest -q -o addopts="-ra" tests/test_packets.py tests/test_emulation.py tests/test_host_e2e.py
 
 test-bmv2: setup
 	BMV2_SWITCH=$${BMV2_SWITCH:-/opt/bmv2/bin/simple_switch_grpc} $(PY) -m pytest -q tests/test_packets.py -k bmv2

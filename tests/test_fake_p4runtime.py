@@ -12,8 +12,7 @@ import pytest
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from control_plane.p4info import Names
-from control_plane.session import SwitchError, SwitchSession, SwitchUnreachable, entry
+from control_plane.session import SwitchSession, SwitchUnreachable
 
 
 class FakeSwitch(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -78,39 +77,3 @@ def test_unreachable_switch_is_a_clear_bounded_error():
         SwitchSession("s1_2", address, timeout=1.0)
     assert time.monotonic() - started < 3.0
     assert "s1_2" in str(error.value) and address in str(error.value)
-
-
-def test_rejected_write_names_switch_and_entry(fake_switch):
-    servicer, address = fake_switch
-    session = SwitchSession("s0_1", address, timeout=2.0)
-    try:
-        good = entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": 0x02B100000001},
-                     Names.FORWARD_TO, port=1)
-        bad = entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": 0x02B100000002},
-                    Names.FORWARD_TO, port=2)
-        with pytest.raises(SwitchError) as error:
-            session.write_entries([good, bad])
-    finally:
-        session.close()
-    message = str(error.value)
-    assert "switch s0_1 refused 1 of 2 writes" in message
-    assert "hdr.ethernet.dstAddr=2886260211714" in message and "entry exists" in message
-    assert "port=2" in message and "port=1)" not in message
-    assert len(servicer.writes) == 1
-
-
-def test_switch_that_dies_mid_session_is_noticed(fake_switch):
-    servicer, address = fake_switch
-    session = SwitchSession("s2", address, timeout=2.0)
-    try:
-        session.ping()
-        assert session.stream_alive()
-        servicer.server.stop(0)
-        deadline = time.monotonic() + 3
-        while session.stream_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not session.stream_alive()
-        with pytest.raises(SwitchUnreachable, match="switch s2 at"):
-            session.ping(timeout=0.5)
-    finally:
-        session.close()
