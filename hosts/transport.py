@@ -43,6 +43,7 @@ from hosts.protocol import (
 from hosts.quantize import block_exponents, dequantize, quantize
 
 PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
+SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32  # Linux; Python does not export them
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _RESULT_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
@@ -96,7 +97,7 @@ class AggregationTransport:
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            for option in (socket.SO_RCVBUFFORCE, socket.SO_SNDBUFFORCE):
+            for option in (SO_RCVBUFFORCE, SO_SNDBUFFORCE):
                 try:
                     sock.setsockopt(socket.SOL_SOCKET, option, 8 << 20)
                 except PermissionError:

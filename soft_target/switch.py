@@ -27,6 +27,7 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 SOCKET_BUFFER = 8 << 20
+SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32  # Linux; Python does not export them
 MAX_FRAME = 9216
 
 
@@ -34,7 +35,7 @@ def open_port(interface: str) -> socket.socket:
     """A raw socket on ``interface`` that sees only frames arriving from the link."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-    for option in (socket.SO_RCVBUFFORCE, socket.SO_SNDBUFFORCE):
+    for option in (SO_RCVBUFFORCE, SO_SNDBUFFORCE):
         try:
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         except PermissionError:
