@@ -101,6 +101,10 @@ class State:
     def namespace_of(self, server: int) -> str:
         return f"{self.tag}-h{server}"
 
+    def switch_interface(self, device_id: int, port: int) -> str:
+        """The switch-side veth end of a port (netns.tag_patterns matches these names)."""
+        return f"{self.tag}{device_id}p{port}"
+
     def switch_addresses(self) -> dict[str, tuple[str, int]]:
         return {name: (sw["address"], sw["device_id"]) for name, sw in self.switches.items()}
 
@@ -197,7 +201,7 @@ def _build(state: State, topology: Topology, shaping: Shaping, target: str,
         ports = {}
         for port, server in zip(sw.ports, sw.servers, strict=True):
             nic = topology.nics(server)[sw.level]
-            switch_side = f"{state.tag}{sw.device_id}p{port}"
+            switch_side = state.switch_interface(sw.device_id, port)
             netns.add_link(switch_side, f"{state.tag}x{sw.device_id}p{port}",
                            state.namespace_of(server), nic.interface, nic.mac, f"{nic.ip}/16")
             state.links.append(switch_side)
@@ -234,7 +238,7 @@ def reshape(state: State, shaping: Shaping) -> None:
     topology = state.topo()
     for sw in topology.switches:
         for port, server in zip(sw.ports, sw.servers, strict=True):
-            interface = f"{state.tag}{sw.device_id}p{port}"
+            interface = state.switch_interface(sw.device_id, port)
             host_side = topology.nics(server)[sw.level].interface
             for name, namespace in ((interface, None), (host_side, state.namespace_of(server))):
                 if shaping.active:

@@ -41,9 +41,9 @@ from hosts.protocol import (
     job_udp_port,
 )
 from hosts.quantize import block_exponents, dequantize, quantize
+from hosts.sockets import force_buffers
 
 PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
-SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32  # Linux; Python does not export them
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _RESULT_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
@@ -97,11 +97,7 @@ class AggregationTransport:
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            for option in (SO_RCVBUFFORCE, SO_SNDBUFFORCE):
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, option, 8 << 20)
-                except PermissionError:
-                    pass
+            force_buffers(sock)
             try:
                 sock.bind((local_ip, job_udp_port(job_id)))
             except OSError as exc:

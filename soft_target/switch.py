@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from hosts.sockets import force_buffers
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 
@@ -27,7 +28,6 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 SOCKET_BUFFER = 8 << 20
-SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32  # Linux; Python does not export them
 MAX_FRAME = 9216
 
 
@@ -35,11 +35,7 @@ def open_port(interface: str) -> socket.socket:
     """A raw socket on ``interface`` that sees only frames arriving from the link."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-    for option in (SO_RCVBUFFORCE, SO_SNDBUFFORCE):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
-        except PermissionError:
-            pass
+    force_buffers(sock, SOCKET_BUFFER)
     sock.bind((interface, 0))
     sock.setblocking(False)
     return sock
