@@ -17,7 +17,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-e2e: setup
-	$(PY) -m pytest -q -o addopts="-ra" tests/test_packets.py tests/test_emulation.py tests/test_host_e2e.py
+	$(PY) -m pytest -q tests/test_packets.py tests/test_emulation.py tests/test_host_e2e.py
 
 test-bmv2: setup
 	BMV2_SWITCH=$${BMV2_SWITCH:-/opt/bmv2/bin/simple_switch_grpc} $(PY) -m pytest -q tests/test_packets.py -k bmv2

@@ -2,7 +2,7 @@
 
 One network namespace per server (interfaces eth0..eth(k-1)), one switch process per BCube
 switch (the software target, or simple_switch_grpc) on veth ends in the root namespace, tc
-netem where asked, then provisioning over P4Runtime. Everything made is written to
+shaping where asked, then provisioning over P4Runtime. Everything made is written to
 ``<run dir>/state.json`` as it is made, so ``down`` can remove it even after a crash.
 """
 
@@ -171,7 +171,7 @@ def up(name: str, spec: str, target: str = "soft", shaping: Shaping | None = Non
     shaping = shaping or Shaping()
     bmv2 = find_bmv2(bmv2) if target == "bmv2" else None
     check_request(topology, target, bmv2)
-    shaping.netem_args()  # refuses impossible shaping before anything exists
+    shaping.check()  # refuses impossible shaping before anything exists
     if (RUN_ROOT / name / "state.json").exists():
         raise NetError(f"emulation {name!r} is already up: run `bml-net down --name {name}`")
     state = State(name, topology.spec, target, shaping.__dict__)
@@ -207,8 +207,7 @@ def _build(state: State, topology: Topology, shaping: Shaping, target: str,
             state.links.append(switch_side)
             state.save()
             if shaping.active:
-                netns.shape(switch_side, shaping)
-                netns.shape(nic.interface, shaping, state.namespace_of(server))
+                netns.shape_link(switch_side, nic.interface, state.namespace_of(server), shaping)
             ports[port] = switch_side
         for server in sw.servers:
             nic = topology.nics(server)[sw.level]
@@ -234,18 +233,14 @@ def _build(state: State, topology: Topology, shaping: Shaping, target: str,
 
 
 def reshape(state: State, shaping: Shaping) -> None:
-    """Change tc shaping on every link of a running emulation (both directions)."""
+    """Change the shaping of every link of a running emulation (both directions)."""
+    shaping.check()
     topology = state.topo()
     for sw in topology.switches:
         for port, server in zip(sw.ports, sw.servers, strict=True):
-            interface = state.switch_interface(sw.device_id, port)
-            host_side = topology.nics(server)[sw.level].interface
-            for name, namespace in ((interface, None), (host_side, state.namespace_of(server))):
-                if shaping.active:
-                    netns.shape(name, shaping, namespace)
-                else:
-                    netns.run("tc", "qdisc", "del", "dev", name, "root", namespace=namespace,
-                              check=False)
+            netns.shape_link(state.switch_interface(sw.device_id, port),
+                             topology.nics(server)[sw.level].interface,
+                             state.namespace_of(server), shaping)
     state.shaping = shaping.__dict__
     state.save()
 
@@ -370,10 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--topo", required=True, help="star:N or bcube:n,k")
     p_up.add_argument("--target", default="soft", help="soft (default) or bmv2")
     p_up.add_argument("--bmv2", help="path of simple_switch_grpc")
-    p_up.add_argument("--rate", help="tc rate per link and direction, e.g. 100mbit")
-    p_up.add_argument("--delay", help="tc delay, e.g. 1ms")
-    p_up.add_argument("--loss", type=float, default=0.0, help="tc loss in percent")
-    p_up.add_argument("--reorder", type=float, default=0.0, help="tc reorder in percent")
+    p_up.add_argument("--rate", help="rate per link and direction (tc tbf), e.g. 100mbit")
+    p_up.add_argument("--delay", help="delay per direction (tc netem), e.g. 1ms")
+    p_up.add_argument("--loss", type=float, default=0.0,
+                      help="loss in percent per direction (nftables)")
+    p_up.add_argument("--reorder", type=float, default=0.0,
+                      help="reordered percent (tc netem; needs --delay)")
     commands.add_parser("status", help="switches, links and counters")
     p_exec = commands.add_parser("exec", help="run a command on a server: exec h0 -- CMD")
     p_exec.add_argument("server")

@@ -9,6 +9,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v sysctl >/dev/null 2>&1 || need+=(procps)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to apt-get install ${need[*]}" >&2; exit 1

@@ -27,7 +27,8 @@ class DropCase:
         raise NotImplementedError
 
     def bad_port(self) -> int:
-        return 1
+        """Worker 1's port: only the packet's own fault is the one under test."""
+        return 2
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [1, 2], pool_size=8)
@@ -157,5 +158,6 @@ class TrailingBytesTravelWithResult(BmlTest):
         last = contribution(2, 7, 1, b) / Raw(b"tail")
         tu.send_packet(self, 2, last)
         for port in (1, 2):
+            # The switch writes fixed IPv4/UDP lengths: the tail is carried, not counted.
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b))
                              / Raw(b"tail"), port)

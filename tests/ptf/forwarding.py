@@ -22,7 +22,7 @@ class ForwardByMac(BmlTest):
         tu.send_packet(self, 1, ping)
         tu.verify_packet(self, ping, 4)
         other = (Ether(dst=host_mac(4), src=host_mac(2)) / IP(src=host_ip(2), dst=host_ip(4))
-                 / UDP(sport=1234, dport=5678) / b"x" * 100)
+                 / UDP(sport=1234, dport=5678) / (b"x" * 100))
         tu.send_packet(self, 2, other)
         tu.verify_packet(self, other, 4)
         tu.verify_no_other_packets(self)

@@ -31,6 +31,8 @@ from hosts.protocol import (
     BML,
     BML_UDP_PORT,
     EXPONENT_NONE,
+    HEADER_BYTES,
+    PAYLOAD_BYTES,
     VALUES_PER_PACKET,
     DropReason,
     PacketType,
@@ -175,10 +177,12 @@ def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | Non
                  owner_id=bml.owner_id, slot=bml.slot,
                  exponent=bml.exponent if exponent is None else exponent, count=bml.count,
                  offset=bml.offset)
+    # The switch writes fixed lengths (a trailer after the values travels along uncounted).
+    udp_len = 8 + (PAYLOAD_BYTES if values is not None else HEADER_BYTES)
     packet = (Ether(dst=host_mac(port), src=SWITCH_MAC)
               / IP(src=SWITCH_IP, dst=host_ip(port), id=trigger[IP].id, ttl=64,
-                   tos=trigger[IP].tos, flags=trigger[IP].flags)
-              / UDP(sport=BML_UDP_PORT, dport=trigger[UDP].sport, chksum=0)
+                   tos=trigger[IP].tos, flags=trigger[IP].flags, len=20 + udp_len)
+              / UDP(sport=BML_UDP_PORT, dport=trigger[UDP].sport, chksum=0, len=udp_len)
               / header)
     if values is not None:
         packet = packet / values_layers(list(values))
