@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,27 +30,52 @@ import numpy as np
 from control_plane import cost_model
 from control_plane.fabric import Fabric
 from emulation import net
-from emulation.demo import check_sum, run_pushes
-from emulation.netns import Shaping
+from emulation.demo import check_sum
+from emulation.netns import Shaping, rate_bits
 
 RESULTS = Path("results")
-GLOO_SCRIPT = textwrap.dedent("""
-    import os, sys, time, json
-    import numpy as np
+REPO = Path(__file__).resolve().parent.parent
+# Both schemes run alike: a small warm-up allreduce that also waits for every worker (a
+# barrier), then the timed allreduce; each worker reports its seconds and its NIC's bytes.
+WORKER_PRELUDE = """
+import json, sys, time
+import numpy as np
+rank, world, size, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+grad = np.random.default_rng([size, rank]).standard_normal(size).astype(np.float32)
+def nic_tx_bytes():
+    return int(open("/sys/class/net/eth0/statistics/tx_bytes").read())
+"""
+BML_SCRIPT = WORKER_PRELUDE + textwrap.dedent("""
+    from hosts.api import Worker
+    with Worker(job=1, rank=rank, world=world, timeout=600) as worker:
+        worker.allreduce(np.ones(1024, np.float32))
+        sent = nic_tx_bytes()
+        t0 = time.monotonic()
+        total = worker.allreduce(grad)
+        seconds = time.monotonic() - t0
+        sent = nic_tx_bytes() - sent
+        stats = worker.last_stats
+    np.save(out, total)
+    print(json.dumps({"seconds": seconds, "nic_bytes": sent,
+                      "retransmissions": stats.retransmissions}))
+""")
+GLOO_SCRIPT = WORKER_PRELUDE + textwrap.dedent("""
+    import datetime, os
     import torch, torch.distributed as dist
-    rank, world, master, size = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:29500", rank=rank,
-                            world_size=world, timeout=__import__("datetime").timedelta(seconds=120))
+    dist.init_process_group("gloo", init_method=f"tcp://{sys.argv[5]}:29500", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
-    x = torch.from_numpy(np.random.default_rng(rank).standard_normal(size).astype(np.float32))
-    warm = torch.ones(1024)
-    dist.all_reduce(warm)
+    x = torch.from_numpy(grad.copy())
+    dist.all_reduce(torch.ones(1024))
     dist.barrier()
+    sent = nic_tx_bytes()
     t0 = time.monotonic()
     dist.all_reduce(x)
     seconds = time.monotonic() - t0
-    print(json.dumps({"rank": rank, "seconds": seconds}))
+    sent = nic_tx_bytes() - sent
+    np.save(out, x.numpy())
+    print(json.dumps({"seconds": seconds, "nic_bytes": sent}))
     dist.destroy_process_group()
 """)
 
@@ -61,67 +87,43 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
 
 
-def rate_bps(rate: str) -> float:
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad rate {rate!r} (e.g. 20mbit)")
-    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
-
-
-def tx_bytes(state, server: int) -> int:
-    out = subprocess.run(["ip", "netns", "exec", state.namespace_of(server), "cat",
-                          "/sys/class/net/eth0/statistics/tx_bytes"], capture_output=True,
-                         text=True, check=True)
-    return int(out.stdout)
-
-
 def have_torch() -> bool:
     return subprocess.run([sys.executable, "-c", "import torch.distributed"],
                           capture_output=True).returncode == 0
 
 
-def run_in_network(state, workers: int, size: int, tmp: Path) -> dict:
-    rng = np.random.default_rng(size)
-    grads = [rng.standard_normal(size).astype(np.float32) for _ in range(workers)]
-    ins = [tmp / f"g{r}.npy" for r in range(workers)]
-    outs = [tmp / f"s{r}.npy" for r in range(workers)]
-    for path, grad in zip(ins, grads, strict=True):
-        np.save(path, grad)
-    before = [tx_bytes(state, s) for s in range(workers)]
-    runs = run_pushes(state, state.run_dir / "fabric.json", 1, ins, outs,
-                      ["--timeout", "600"], timeout=900)
-    after = [tx_bytes(state, s) for s in range(workers)]
-    seconds = []
-    for run in runs:
-        if run.returncode != 0:
-            raise RuntimeError(f"push failed: {run.stderr[-1500:]}")
-        seconds.append(float(re.search(r"seconds=([\d.]+)", run.stdout).group(1)))
-    retransmissions = sum(int(re.search(r"retransmissions=(\d+)", r.stdout).group(1))
-                          for r in runs)
-    correct = all(check_sum(np.load(out), grads)[2] for out in outs)
-    return {"gst": max(seconds), "nic_bytes": max(a - b for a, b in zip(after, before,
-                                                                         strict=True)),
-            "retransmissions": retransmissions, "correct": correct}
+def gradients(workers: int, size: int) -> list[np.ndarray]:
+    """What the worker scripts sum (same seeds), to check their results against."""
+    return [np.random.default_rng([size, rank]).standard_normal(size).astype(np.float32)
+            for rank in range(workers)]
 
 
-def run_gloo(state, workers: int, size: int, tmp: Path) -> dict:
-    script = tmp / "gloo_allreduce.py"
-    script.write_text(GLOO_SCRIPT)
-    master = state.topo().nics(0)[0].ip
-    before = [tx_bytes(state, s) for s in range(workers)]
+def run_workers(state, script_text: str, workers: int, size: int, tmp: Path,
+                extra: list[str] | None = None) -> dict:
+    """The script in every server's namespace at once; GST is the slowest worker's time."""
+    script = tmp / "worker.py"
+    script.write_text(script_text)
+    outs = [tmp / f"sum{rank}.npy" for rank in range(workers)]
     processes = [subprocess.Popen(
-        ["ip", "netns", "exec", state.namespace_of(r), sys.executable, str(script), str(r),
-         str(workers), master, str(size)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True) for r in range(workers)]
-    seconds = []
+        ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, str(script),
+         str(rank), str(workers), str(size), str(outs[rank]), *(extra or [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)}) for rank in range(workers)]
+    reports = []
     for process in processes:
-        out, err = process.communicate(timeout=900)
+        try:
+            out, err = process.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
         if process.returncode != 0:
-            raise RuntimeError(f"gloo failed: {err[-1500:]}")
-        seconds.append(json.loads(out.strip().splitlines()[-1])["seconds"])
-    after = [tx_bytes(state, s) for s in range(workers)]
-    return {"gst": max(seconds), "nic_bytes": max(a - b for a, b in zip(after, before,
-                                                                         strict=True))}
+            raise RuntimeError(f"worker failed: {err[-1500:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    grads = gradients(workers, size)
+    return {"gst": max(r["seconds"] for r in reports),
+            "nic_bytes": max(r["nic_bytes"] for r in reports),
+            "retransmissions": sum(r.get("retransmissions", 0) for r in reports),
+            "correct": all(check_sum(np.load(out), grads)[2] for out in outs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="bench")
     args = parser.parse_args(argv)
-    rate = rate_bps(args.rate)
+    rate = rate_bits(args.rate)
     torch_ok = have_torch()
     rows = []
     net.down(args.name)
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         Fabric.load(state.run_dir / "fabric.json").add_job(1, list(range(args.workers)))
         with tempfile.TemporaryDirectory(prefix="bml-gst-") as tmp:
             for size in args.sizes:
-                bml = run_in_network(state, args.workers, size, Path(tmp))
+                bml = run_workers(state, BML_SCRIPT, args.workers, size, Path(tmp))
                 model = cost_model.in_network_gst(size, rate)
                 row = {"elements": size, "workers": args.workers, "rate_bps": rate,
                        "bml_gst": bml["gst"], "bml_model_gst": model,
@@ -150,14 +152,17 @@ def main(argv: list[str] | None = None) -> int:
                        "bml_retransmissions": bml["retransmissions"],
                        "bml_correct": bml["correct"],
                        "ring_model_gst": cost_model.ring_gst(size, args.workers, rate)}
-                print(f"in-network {size:>8} floats: GST {bml['gst']:.2f} s (model {model:.2f} s)",
-                      flush=True)
+                print(f"in-network {size:>8} floats: GST {bml['gst']:.2f} s (model {model:.2f} s)"
+                      f", correct={bml['correct']}", flush=True)
                 if torch_ok:
                     time.sleep(1)
-                    gloo = run_gloo(state, args.workers, size, Path(tmp))
-                    row.update({"gloo_gst": gloo["gst"], "gloo_nic_bytes": gloo["nic_bytes"]})
+                    gloo = run_workers(state, GLOO_SCRIPT, args.workers, size, Path(tmp),
+                                       [state.topo().nics(0)[0].ip])
+                    row.update({"gloo_gst": gloo["gst"], "gloo_nic_bytes": gloo["nic_bytes"],
+                                "gloo_correct": gloo["correct"]})
                     print(f"gloo       {size:>8} floats: GST {gloo['gst']:.2f} s "
-                          f"(model {row['ring_model_gst']:.2f} s)", flush=True)
+                          f"(model {row['ring_model_gst']:.2f} s), correct={gloo['correct']}",
+                          flush=True)
                 rows.append(row)
     finally:
         net.down(args.name)

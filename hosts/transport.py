@@ -12,10 +12,11 @@ even number of uses (a zero "flush" use is added where needed), so the next call
 process or another one, starts on copy 0, whose bitmap is then empty.
 
 Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, doubling per
-retry). A re-sent contribution is idempotent at the switch, which answers it with the stored
-result once the slot is complete. Late or duplicate results are recognised by slot, version
-and offset and ignored. Every wait is bounded: the priming round by ``start_timeout``, the
-whole call by ``timeout``.
+retry of the slot, and for every slot after any timer fired until a clean sample arrives). A
+re-sent contribution is idempotent at the switch, which answers it with the stored result once
+the slot is complete. Late or duplicate results are recognised by slot, version and offset and
+ignored. Every wait is bounded: the priming round by ``start_timeout``, the whole call by
+``timeout``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class AggregationTransport:
         self.max_rto = max_rto
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.backoff = 1
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -111,11 +113,17 @@ class AggregationTransport:
 
     @property
     def rto(self) -> float:
-        if self.srtt is None:
-            return 0.05
-        return min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
+        return min(self.max_rto, max(self.min_rto, base) * self.backoff)
+
+    def _timed_out(self) -> None:
+        """A timer fired: until a clean RTT sample comes back, wait twice as long (as TCP
+        does). Without this, an estimate from a quieter time (a small earlier call, an idle
+        link) keeps re-sending the whole window into the queue it is waiting behind."""
+        self.backoff = min(self.backoff * 2, 1 << 10)
 
     def _sample(self, rtt: float) -> None:
+        self.backoff = 1
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
@@ -258,16 +266,20 @@ class AggregationTransport:
             now = time.monotonic()
             if now >= next_scan:
                 rto = self.rto
+                fired = False
                 for slot in range(window):
                     frame = frames[slot]
-                    backoff = rto * (1 << min(retries[slot], 8))
-                    if frame is not None and now - last_sent[slot] > backoff:
+                    if frame is not None and now - last_sent[slot] > rto * (
+                            1 << min(retries[slot], 8)):
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1
                         stats.retransmissions += 1
                         stats.packets_sent += 1
-                next_scan = now + rto / 2
+                        fired = True
+                if fired:
+                    self._timed_out()
+                next_scan = now + self.rto / 2
         if progress is not None:
             progress(chunks, chunks)
         stats.seconds = time.monotonic() - started
