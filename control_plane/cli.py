@@ -9,7 +9,7 @@ from pathlib import Path
 from control_plane.fabric import DEFAULT_FABRIC, Fabric, locked
 from control_plane.jobs import DEFAULT_POOL_SIZE, JobError
 from control_plane.session import SwitchError
-from control_plane.status import counter_table, event_lines
+from control_plane.status import counter_table, event_lines, switch_lines
 from control_plane.topology import TopologyError
 from hosts.protocol import ResultMode
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         sections = {
             "status": lambda: [f"fabric {fabric.path}: {fabric.topology}, "
                                f"{len(fabric.switches)} switches", "",
-                               *job_lines(fabric), "", *counter_table(fabric.addresses()), "",
+                               *switch_lines(fabric), "", *job_lines(fabric), "",
+                               *counter_table(fabric.addresses()), "",
                                *event_lines(fabric.events_path, 10)],
             "counters": lambda: counter_table(fabric.addresses()),
             "jobs": lambda: job_lines(fabric),

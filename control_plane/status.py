@@ -29,6 +29,31 @@ def read_counters(name: str, address: str, device_id: int) -> dict[str, int]:
     return result
 
 
+def switch_lines(fabric) -> list[str]:
+    """One row per switch: where it is, whether it answers, whether it runs our pipeline."""
+    lines = [f"{'switch':<8} {'level':>5} {'device':>6} {'P4Runtime':<20} {'answers':<8} pipeline"]
+    topology = fabric.topo
+    for name, info in fabric.switches.items():
+        try:
+            session = SwitchSession(name, info["address"], info["device_id"], READER_ELECTION,
+                                    timeout=2.0, primary=False)
+        except SwitchError:
+            answers, pipeline = "NO", "-"
+        else:
+            try:
+                running = session.running_p4info()
+                answers = "yes"
+                pipeline = ("none" if running is None
+                            else "bml" if running == session.p4info.message else "OTHER")
+            except SwitchError:
+                answers, pipeline = "NO", "-"
+            finally:
+                session.close()
+        lines.append(f"{name:<8} {topology.switch(name).level:>5} {info['device_id']:>6} "
+                     f"{info['address']:<20} {answers:<8} {pipeline}")
+    return lines
+
+
 def counter_table(switches: dict[str, tuple[str, int]]) -> list[str]:
     """One row per switch, one column per counter that is non-zero somewhere."""
     rows: dict[str, dict[str, int] | str] = {}

@@ -76,9 +76,14 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
                               str(state.run_dir / "fabric.json"), "status"],
                              capture_output=True, text=True, timeout=60)
         assert ctl.returncode == 0, ctl.stderr
-        assert "aggregated" in ctl.stdout and "completed" in ctl.stdout
-        row = next(line for line in ctl.stdout.splitlines() if line.startswith("s0 "))
-        assert int(row.split()[1]) > 0  # aggregated
+        lines = ctl.stdout.splitlines()
+        switch_row = next(line for line in lines if line.startswith("s0 "))
+        assert switch_row.split()[-2:] == ["yes", "bml"]  # answers, runs our pipeline
+        header = next(i for i, line in enumerate(lines) if line.startswith("counters "))
+        columns = lines[header].split()
+        counts = dict(zip(columns[1:], map(int, lines[header + 1].split()[1:]), strict=True))
+        assert lines[header + 1].startswith("s0 ")
+        assert counts["aggregated"] == 4 * counts["completed"] > 0
     assert not any(name.startswith("tstar-") for name in net.netns.namespaces())
 
 
