@@ -41,7 +41,9 @@ IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = 44, 24
 _ACCEPTED_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET)
 _BE_VALUES = np.dtype(">i4")
 _IPV4_WORDS = struct.Struct("!10H")
-_UDP = struct.Struct("!HHHH")
+_UDP_PORTS = struct.Struct("!HH")
+_UDP_TAIL = struct.Struct("!HH")  # length, checksum
+_IPV4_HEAD = struct.Struct("!BBH2s2sBBH")  # up to the checksum; the addresses follow
 _BML_PORT_BYTES = BML_UDP_PORT.to_bytes(2, "big")
 
 
@@ -58,12 +60,22 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class HostAddress:
-    """Parameters of ``EgressRewrite.set_host_address``."""
+    """Parameters of ``EgressRewrite.set_host_address``, with what every copy to that port
+    shares precomputed once per table write (the packet loop only adds the per-packet part)."""
 
     host_mac: bytes
     host_ip: bytes
     switch_mac: bytes
     switch_ip: bytes
+    ethernet: bytes = field(init=False, repr=False, compare=False)  # dst, src, IPv4 type
+    addresses: bytes = field(init=False, repr=False, compare=False)  # IPv4 src, dst
+    address_sum: int = field(init=False, repr=False, compare=False)  # their checksum words
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__
+        set_field(self, "ethernet", self.host_mac + self.switch_mac + b"\x08\x00")
+        set_field(self, "addresses", self.switch_ip + self.host_ip)
+        set_field(self, "address_sum", sum(struct.unpack("!4H", self.addresses)))
 
 
 @dataclass
@@ -228,11 +240,17 @@ class Pipeline:
             egress_ports: tuple[int, ...] = (port,)
         else:
             egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
-        reply_port = frame[34] << 8 | frame[35]
+        # IPv4: what the trigger gives (TOS, id, flags) and what the switch writes (TTL 64,
+        # UDP, fixed lengths); per copy only the length and the addresses change the checksum.
+        tos, ident, flags = frame[ETH + 1], frame[ETH + 4:ETH + 6], frame[ETH + 6:ETH + 8]
+        trigger_sum = (0x4500 | tos) + (ident[0] << 8 | ident[1]) + (flags[0] << 8 | flags[1]) \
+            + 0x4011
+        udp_ports = _UDP_PORTS.pack(BML_UDP_PORT, frame[34] << 8 | frame[35])
         bml = bytearray(frame[BML_OFF:VALUES_OFF])
         bml[0] = ptype
         bml[8] = exponent
         trailer = frame[FULL_END:]
+        full_body = bytes(bml) + values + trailer
         out = []
         for egress_port in egress_ports:
             if ptype == PacketType.BROADCAST and egress_port == port:
@@ -246,18 +264,15 @@ class Pipeline:
                 body = bytes(bml) + trailer
                 ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
             else:
-                bml[0] = ptype
-                body = bytes(bml) + values + trailer
+                body = full_body
                 ip_len, udp_len = IPV4_LEN_FULL, UDP_LEN_FULL
-            ip = bytearray(frame[ETH:ETH + IP])
-            ip[2:4] = ip_len.to_bytes(2, "big")
-            ip[8] = 64
-            ip[12:16] = address.switch_ip
-            ip[16:20] = address.host_ip
-            out.append((egress_port,
-                        address.host_mac + address.switch_mac + frame[12:14]
-                        + _with_checksum(ip)
-                        + _UDP.pack(BML_UDP_PORT, reply_port, udp_len, 0) + body))
+            total = trigger_sum + ip_len + address.address_sum
+            total = (total & 0xFFFF) + (total >> 16)
+            total = (total & 0xFFFF) + (total >> 16)
+            out.append((egress_port, b"".join((
+                address.ethernet,
+                _IPV4_HEAD.pack(0x45, tos, ip_len, ident, flags, 64, 17, ~total & 0xFFFF),
+                address.addresses, udp_ports, _UDP_TAIL.pack(udp_len, 0), body))))
         return out
 
     def _forward(self, frame: bytes) -> list[tuple[int, bytes]]:

@@ -139,8 +139,11 @@ class OtherCopyStillAnswers(BmlTest):
         self.add_job(7, [1, 2])
         a0, b0, a1 = random_values(), random_values(), random_values()
         tu.send_packet(self, 1, contribution(1, 7, 0, a0, version=0, offset=0))
-        tu.send_packet(self, 2, contribution(2, 7, 1, b0, version=0, offset=0))
-        self.dataplane.flush()
+        last = contribution(2, 7, 1, b0, version=0, offset=0)
+        tu.send_packet(self, 2, last)
+        for port in (1, 2):  # copy 0's result, which worker 1 (port 2) then says it missed
+            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a0, b0)),
+                             port)
         tu.send_packet(self, 1, contribution(1, 7, 0, a1, version=1, offset=64))
         resend = contribution(2, 7, 1, b0, version=0, offset=0)
         tu.send_packet(self, 2, resend)
