@@ -41,7 +41,7 @@ from hosts.protocol import (
     PacketType,
     job_udp_port,
 )
-from hosts.quantize import block_exponents, dequantize, quantize
+from hosts.quantize import block_exponents, dequantize, quantize_to_wire
 from hosts.sockets import force_buffers
 
 PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
@@ -139,6 +139,7 @@ class AggregationTransport:
         blocks = np.zeros((chunks, VALUES_PER_PACKET), dtype=np.float32)
         blocks.reshape(-1)[:length] = flat
         own_exponents = block_exponents(blocks)
+        blocks64 = blocks.astype(np.float64)
         window = min(self.window, chunks)
         n = self.num_workers
         sums = np.zeros((chunks, VALUES_PER_PACKET), dtype=np.int32)
@@ -196,7 +197,7 @@ class AggregationTransport:
                             f"{chunk}, below this worker's {own_exponents[chunk]}: the job's "
                             "slots hold state from another run; reset the job "
                             "(bml-ctl job-remove / job-add)")
-                    q = quantize(blocks[chunk], e_max, n).astype(_BE).tobytes()
+                    q = quantize_to_wire(blocks64[chunk], e_max, n)
                     in_flight[slot] = chunk
                     count = min(VALUES_PER_PACKET, length - chunk * VALUES_PER_PACKET)
                     frame = header(PacketType.DATA, version, job, me, 0, slot,

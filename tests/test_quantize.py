@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hosts.protocol import VALUES_PER_PACKET
+from hosts.protocol import EXPONENT_NONE, VALUES_PER_PACKET
 from hosts.quantize import (
     GradientError,
     block_exponents,
@@ -13,6 +13,7 @@ from hosts.quantize import (
     dequantize,
     error_bound,
     quantize,
+    quantize_to_wire,
 )
 
 
@@ -84,3 +85,16 @@ def test_nan_and_inf_refused(bad):
     values[17] = bad
     with pytest.raises(GradientError, match="first at flat index 17"):
         check_finite(values)
+
+
+def test_wire_form_is_quantize_bit_for_bit():
+    rng = np.random.default_rng(11)
+    for scale in (1e-30, 1e-3, 1.0, 1e3, 1e30, 3e38):
+        block = (rng.standard_normal(VALUES_PER_PACKET) * scale).astype(np.float32)
+        block[3] = 0.0
+        for workers in (1, 2, 3, 8, 32):
+            own = int(block_exponents(block[None, :])[0])
+            cases = [(block, own), (block, 255), (np.zeros_like(block), EXPONENT_NONE)]
+            for values, exponent in cases:
+                expected = quantize(values, exponent, workers).astype(">i4").tobytes()
+                assert quantize_to_wire(values.astype(np.float64), exponent, workers) == expected
