@@ -30,8 +30,8 @@ import numpy as np
 from control_plane import cost_model
 from control_plane.fabric import Fabric
 from emulation import net
-from emulation.demo import check_sum
 from emulation.netns import Shaping, rate_bits
+from emulation.workers import check_sum
 
 RESULTS = Path("results")
 REPO = Path(__file__).resolve().parent.parent

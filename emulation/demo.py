@@ -8,7 +8,6 @@ against the float64 sum within the quantiser's stated bound, prints a table and 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,46 +18,7 @@ import numpy as np
 from control_plane.fabric import Fabric
 from emulation.net import NetError, down, up
 from emulation.netns import Shaping
-from hosts.quantize import block_exponents, error_bound
-
-
-def run_pushes(state, fabric_path: Path, job: int, gradients: list[Path], outputs: list[Path],
-               extra: list[str] | None = None, timeout: float = 120.0
-               ) -> list[subprocess.CompletedProcess]:
-    """``bml-host push`` on servers 0..N-1 at once; waits for all (bounded)."""
-    world = len(gradients)
-    processes = []
-    for rank, (grad, out) in enumerate(zip(gradients, outputs, strict=True)):
-        command = ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, "-m",
-                   "hosts.cli", "push", "--in", str(grad), "--out", str(out), "--job", str(job),
-                   "--rank", str(rank), "--world", str(world), *(extra or [])]
-        processes.append(subprocess.Popen(command, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-    results = []
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stdout, stderr = process.communicate()
-            stderr += "\n(killed by the demo: took too long)"
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout,
-                                                   stderr))
-    return results
-
-
-def check_sum(result: np.ndarray, grads: list[np.ndarray]) -> tuple[float, float, bool]:
-    """(max error, largest allowed error, every element within its bound) of one result."""
-    n = len(grads)
-    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    padded = -(-exact.size // 64) * 64
-    blocks = [np.pad(g, (0, padded - g.size)).reshape(-1, 64) for g in grads]
-    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
-    res = np.pad(result.astype(np.float64), (0, padded - result.size)).reshape(-1, 64)
-    bound = error_bound(e_max, n, res).reshape(-1)[:exact.size]
-    error = np.abs(result.astype(np.float64) - exact)
-    return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
+from emulation.workers import Push, check_sum, run_pushes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,21 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bml-demo-") as tmp:
             grads = [rng.standard_normal(args.elements).astype(np.float32) * (r + 1)
                      for r in range(args.workers)]
-            ins = [Path(tmp, f"grad{r}.npy") for r in range(args.workers)]
-            outs = [Path(tmp, f"sum{r}.npy") for r in range(args.workers)]
-            for path, grad in zip(ins, grads, strict=True):
-                np.save(path, grad)
-            runs = run_pushes(state, fabric_path, 1, ins, outs)
+            runs = run_pushes(state, 1, [Push(r, r, grad) for r, grad in enumerate(grads)],
+                              Path(tmp))
             print(f"\n{'worker':>6} {'exit':>4} {'max error':>10} {'bound':>10}  "
                   "push figures")
             for rank, run in enumerate(runs):
                 figures = run.stdout.strip().splitlines()[-1:] or [run.stderr.strip()[-200:]]
-                if run.returncode != 0 or not outs[rank].exists():
+                if run.returncode != 0 or not run.output.exists():
                     failures += 1
                     print(f"{rank:>6} {run.returncode:>4} {'-':>10} {'-':>10}  "
                           f"{run.stderr.strip()[-300:]}")
                     continue
-                error, bound, ok = check_sum(np.load(outs[rank]), grads)
+                error, bound, ok = check_sum(np.load(run.output), grads)
                 failures += not ok
                 print(f"{rank:>6} {run.returncode:>4} {error:>10.2e} {bound:>10.2e}  "
                       f"{'' if ok else 'OUT OF BOUND '}{figures[0].replace('bml-host: ', '')}")

@@ -15,6 +15,7 @@ from control_plane.fabric import Fabric
 from control_plane.status import read_events
 from emulation import net
 from emulation.net import State
+from emulation.workers import Push, check_sum, run_pushes
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,
@@ -27,36 +28,19 @@ def ping(state: State, server: int, ip: str) -> bool:
     return done.returncode == 0
 
 
-def push_all(state: State, job: int, servers: list[int], interface: str, size: int,
-             tmp_path, seed: int = 0) -> list[tuple[subprocess.CompletedProcess, np.ndarray]]:
-    """Every server in ``servers`` pushes a random gradient on ``interface``; returns the
-    runs and the exact float64 sum of the gradients."""
-    rng = np.random.default_rng(seed)
+def push_and_check(state: State, job: int, servers: list[int], tmp_path, size: int = 5000,
+                   level: int = 0) -> None:
+    """The servers on one level-``level`` switch push random gradients through their NIC of
+    that level, worker id = their digit on it; every sum is within the stated bound."""
+    topo = state.topo()
+    rng = np.random.default_rng(job)
     grads = [rng.standard_normal(size).astype(np.float32) for _ in servers]
-    processes = []
-    for rank, (server, grad) in enumerate(zip(servers, grads, strict=True)):
-        path = tmp_path / f"j{job}-s{server}.npy"
-        np.save(path, grad)
-        processes.append(subprocess.Popen(
-            ["ip", "netns", "exec", state.namespace_of(server), sys.executable, "-m",
-             "hosts.cli", "push", "--in", str(path),
-             "--out", str(tmp_path / f"o{job}-{server}.npy"),
-             "--job", str(job), "--rank", str(rank), "--world", str(len(servers)),
-             "--interface", interface, "--timeout", "60"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    runs = []
-    for process in processes:
-        out, err = process.communicate(timeout=120)
-        runs.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-    return [(run, exact) for run in runs]
-
-
-def assert_sums(results, tmp_path, job: int, servers: list[int], tolerance: float = 1e-5):
-    for (run, exact), server in zip(results, servers, strict=True):
-        assert run.returncode == 0, run.stderr
-        got = np.load(tmp_path / f"o{job}-{server}.npy")
-        np.testing.assert_allclose(got, exact, atol=tolerance * len(servers))
+    pushes = [Push(server, topo.digits(server)[level], grad, f"eth{level}")
+              for server, grad in zip(servers, grads, strict=True)]
+    for result in run_pushes(state, job, pushes, tmp_path, extra=["--timeout", "60"]):
+        assert result.returncode == 0, result.stderr
+        error, bound, ok = check_sum(np.load(result.output), grads)
+        assert ok, f"error {error} beyond bound {bound}"
 
 
 def test_star4_up_ping_aggregate_status_down(tmp_path):
@@ -68,8 +52,7 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
                     assert ping(state, a, topo.nics(b)[0].ip), f"h{a} cannot ping h{b}"
         fabric = Fabric.load(state.run_dir / "fabric.json")
         fabric.add_job(1, [0, 1, 2, 3])
-        assert_sums(push_all(state, 1, [0, 1, 2, 3], "eth0", 5000, tmp_path), tmp_path, 1,
-                    [0, 1, 2, 3])
+        push_and_check(state, 1, [0, 1, 2, 3], tmp_path)
         status = "\n".join(net.status_lines(state))
         assert "s0" in status and "aggregated" in status
         ctl = subprocess.run([sys.executable, "-m", "control_plane.cli", "--fabric",
@@ -100,36 +83,7 @@ def test_bcube22_every_level_pings_and_aggregates(tmp_path):
             job = 10 + level
             fabric.add_job(job, [0, 1, 2, 3], level=level)
             for sw in (s for s in topo.switches if s.level == level):
-                for run, _exact in push_level(state, job, list(sw.servers), topo, level,
-                                              tmp_path):
-                    assert run.returncode == 0, run.stderr
-
-
-def push_level(state, job, servers, topo, level, tmp_path):
-    """Servers on one level-l switch push with worker id = their digit l."""
-    rng = np.random.default_rng(level)
-    grads = {s: rng.standard_normal(3000).astype(np.float32) for s in servers}
-    processes = []
-    for server in servers:
-        path = tmp_path / f"l{level}-{server}.npy"
-        np.save(path, grads[server])
-        processes.append((server, subprocess.Popen(
-            ["ip", "netns", "exec", state.namespace_of(server), sys.executable, "-m",
-             "hosts.cli", "push", "--in", str(path),
-             "--out", str(tmp_path / f"r{level}-{server}.npy"),
-             "--job", str(job), "--rank", str(topo.digits(server)[level]),
-             "--world", str(len(servers)), "--interface", f"eth{level}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    exact = np.sum([g.astype(np.float64) for g in grads.values()], axis=0)
-    results = []
-    for server, process in processes:
-        out, err = process.communicate(timeout=60)
-        run = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-        if run.returncode == 0:
-            np.testing.assert_allclose(np.load(tmp_path / f"r{level}-{server}.npy"), exact,
-                                       atol=1e-4)
-        results.append((run, exact))
-    return results
+                push_and_check(state, job, list(sw.servers), tmp_path, 3000, level)
 
 
 @pytest.mark.parametrize(("topo", "message"), [

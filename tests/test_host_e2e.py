@@ -12,8 +12,8 @@ import pytest
 
 from control_plane.fabric import Fabric
 from emulation import net
-from emulation.demo import check_sum
 from emulation.netns import Shaping, kernel_has_netem
+from emulation.workers import Push, PushResult, check_sum, run_pushes
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,
@@ -26,33 +26,21 @@ def star8():
         yield state, Fabric.load(state.run_dir / "fabric.json")
 
 
-def push(state, job: int, servers: list[int], grads: list[np.ndarray], tmp_path,
-         extra: list[str] | None = None, world: int | None = None, timeout: float = 180):
-    """Run bml-host push on every server at once; returns [(returncode, stdout, stderr, out)]."""
-    processes = []
-    for rank, (server, grad) in enumerate(zip(servers, grads, strict=True)):
-        src = tmp_path / f"in-{job}-{server}.npy"
-        out = tmp_path / f"out-{job}-{server}.npy"
-        if grad is not None:
-            np.save(src, grad)
-        processes.append((out, subprocess.Popen(
-            ["ip", "netns", "exec", state.namespace_of(server), sys.executable, "-m",
-             "hosts.cli", "push", "--in", str(src), "--out", str(out), "--job", str(job),
-             "--rank", str(rank), "--world", str(world or len(servers)), *(extra or [])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    results = []
-    for out, process in processes:
-        stdout, stderr = process.communicate(timeout=timeout)
-        results.append((process.returncode, stdout, stderr, out))
-    return results
+def push(state, job: int, servers: list[int], grads: list[np.ndarray | None], tmp_path,
+         extra: list[str] | None = None, world: int | None = None,
+         timeout: float = 180) -> list[PushResult]:
+    """bml-host push on every server at once, server i as rank i."""
+    return run_pushes(state, job, [Push(server, rank, grad) for rank, (server, grad)
+                                   in enumerate(zip(servers, grads, strict=True))],
+                      tmp_path, world, extra, timeout)
 
 
-def assert_correct(results, grads):
-    for code, stdout, stderr, out in results:
-        assert code == 0, stderr
-        error, bound, ok = check_sum(np.load(out), grads)
+def assert_correct(results: list[PushResult], grads: list[np.ndarray]) -> None:
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        error, bound, ok = check_sum(np.load(result.output), grads)
         assert ok, f"error {error} beyond bound {bound}"
-        assert "elements=" in stdout and "retransmissions=" in stdout
+        assert "elements=" in result.stdout and "retransmissions=" in result.stdout
 
 
 def gradients(count: int, size: int, seed: int) -> list[np.ndarray]:
@@ -82,7 +70,7 @@ def push_under(state, fabric, tmp_path, job: int, shaping: Shaping, seed: int) -
         grads = gradients(4, 1 << 17, seed)
         results = push(state, job, [0, 1, 2, 3], grads, tmp_path)
         assert_correct(results, grads)
-        retransmissions = sum(int(r[1].split("retransmissions=")[1].split()[0]) for r in results)
+        retransmissions = sum(int(r.figure("retransmissions")) for r in results)
         assert retransmissions > 0  # the impairment was real and was repaired
     finally:
         net.reshape(state, Shaping())
@@ -129,22 +117,23 @@ def test_lengths_differ_clear_error_everywhere(star8, tmp_path):
         started = time.monotonic()
         results = push(state, 401, [0, 1, 2], grads, tmp_path, ["--timeout", "20"])
         assert time.monotonic() - started < 30
-        for code, _stdout, stderr, out in results:
-            assert code != 0
-            assert "gradient lengths differ" in stderr
-            assert not out.exists()
+        for result in results:
+            assert result.returncode != 0
+            assert "gradient lengths differ" in result.stderr
+            assert not result.output.exists()
     finally:
         fabric.remove_job(401)
 
 
 def test_missing_file_and_bad_input(star8, tmp_path):
     state, _ = star8
-    code, _, stderr, _ = push(state, 1, [0], [None], tmp_path)[0]
-    assert code == 2 and "no gradient file" in stderr
+    missing = push(state, 1, [0], [None], tmp_path)[0]
+    assert missing.returncode == 2 and "no gradient file" in missing.stderr
     bad = np.ones(100, np.float32)
     bad[3] = np.nan
-    code, _, stderr, out = push(state, 1, [0], [bad], tmp_path)[0]
-    assert code == 2 and "NaN" in stderr and not out.exists()
+    refused = push(state, 1, [0], [bad], tmp_path)[0]
+    assert refused.returncode == 2 and "NaN" in refused.stderr
+    assert not refused.output.exists()
 
 
 def test_wrong_job_fails_fast_with_a_hint(star8, tmp_path):
@@ -153,10 +142,10 @@ def test_wrong_job_fails_fast_with_a_hint(star8, tmp_path):
     results = push(state, 999, [0, 1], gradients(2, 1000, 9), tmp_path,
                    ["--start-timeout", "3"])
     assert time.monotonic() - started < 15
-    for code, _, stderr, out in results:
-        assert code == 2
-        assert "Is job 999 set up on the switch" in stderr
-        assert not out.exists()
+    for result in results:
+        assert result.returncode == 2
+        assert "Is job 999 set up on the switch" in result.stderr
+        assert not result.output.exists()
     counters = subprocess.run([sys.executable, "-m", "control_plane.cli", "--fabric",
                                str(state.run_dir / "fabric.json"), "counters"],
                               capture_output=True, text=True, timeout=30).stdout
@@ -170,8 +159,8 @@ def test_dead_worker_stops_the_others_with_an_error(star8, tmp_path):
     try:
         results = push(state, 501, [0, 1], gradients(2, 5000, 5), tmp_path,
                        ["--start-timeout", "3", "--timeout", "10"], world=3)
-        for code, _, stderr, out in results:
-            assert code == 2 and "are all of them running" in stderr
-            assert not out.exists()
+        for result in results:
+            assert result.returncode == 2 and "are all of them running" in result.stderr
+            assert not result.output.exists()
     finally:
         fabric.remove_job(501)

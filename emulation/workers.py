@@ -1,0 +1,86 @@
+"""Workers on an emulated network: ``bml-host push`` on several servers at once, and the check
+of a result against the quantiser's stated error bound. Used by the demo, the tests and the
+benchmarks, so they all push and judge the same way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from control_plane.p4info import REPO_ROOT
+from hosts.protocol import VALUES_PER_PACKET
+from hosts.quantize import block_exponents, error_bound
+
+
+@dataclass(frozen=True)
+class Push:
+    """One worker's push: on ``server``, as ``rank``, through ``interface``. A ``None``
+    gradient writes no input file (to see the error for a missing one)."""
+
+    server: int
+    rank: int
+    gradient: np.ndarray | None
+    interface: str = "eth0"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    output: Path  # where the sum was to be written
+
+    def figure(self, name: str) -> str:
+        """One ``name=value`` figure of bml-host's closing line."""
+        return self.stdout.split(f"{name}=")[1].split()[0]
+
+
+def run_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | None = None,
+               extra: list[str] | None = None, timeout: float = 120.0) -> list[PushResult]:
+    """Start every push at once, wait for all (bounded by ``timeout`` in all: a push still
+    running then is killed and reported as failed)."""
+    processes = []
+    for push in pushes:
+        source = workdir / f"grad-j{job}-h{push.server}-{push.interface}.npy"
+        output = workdir / f"sum-j{job}-h{push.server}-{push.interface}.npy"
+        output.unlink(missing_ok=True)
+        if push.gradient is not None:
+            np.save(source, push.gradient)
+        command = ["ip", "netns", "exec", state.namespace_of(push.server), sys.executable,
+                   "-m", "hosts.cli", "push", "--in", str(source), "--out", str(output),
+                   "--job", str(job), "--rank", str(push.rank),
+                   "--world", str(world or len(pushes)), "--interface", push.interface,
+                   *(extra or [])]
+        processes.append((output, subprocess.Popen(command, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, text=True,
+                                                   cwd=REPO_ROOT)))
+    results = []
+    deadline = time.monotonic() + timeout
+    for output, process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            stderr += f"\n(killed: still running after {timeout:g} s)"
+        results.append(PushResult(process.returncode, stdout, stderr, output))
+    return results
+
+
+def check_sum(result: np.ndarray, grads: list[np.ndarray]) -> tuple[float, float, bool]:
+    """(max error, largest allowed error, every element within its bound) of one result
+    against the float64 sum of ``grads``, with the bound ``hosts.quantize`` states."""
+    n = len(grads)
+    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+    padded = -(-exact.size // VALUES_PER_PACKET) * VALUES_PER_PACKET
+    blocks = [np.pad(g, (0, padded - g.size)).reshape(-1, VALUES_PER_PACKET) for g in grads]
+    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
+    res = np.pad(result.astype(np.float64), (0, padded - result.size))
+    bound = error_bound(e_max, n, res.reshape(-1, VALUES_PER_PACKET)).reshape(-1)[:exact.size]
+    error = np.abs(result.astype(np.float64) - exact)
+    return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
