@@ -14,9 +14,10 @@ process or another one, starts on copy 0, whose bitmap is then empty.
 Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, doubling per
 retry of the slot, and for every slot after any timer fired until a clean sample arrives). A
 re-sent contribution is idempotent at the switch, which answers it with the stored result once
-the slot is complete. Late or duplicate results are recognised by slot, version and offset and
-ignored. Every wait is bounded: the priming round by ``start_timeout``, the whole call by
-``timeout``.
+the slot is complete. Until the first answer only one slot is re-sent, as a probe: the other
+workers may simply not have started yet. Late or duplicate results are recognised by slot,
+version and offset and ignored. Every wait is bounded: the priming round by
+``start_timeout``, the whole call by ``timeout``.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class AggregationTransport:
 
     def __init__(self, job_id: int, worker_id: int, num_workers: int, local_ip: str,
                  switch_ip: str, window: int = 256, timeout: float = 60.0,
-                 start_timeout: float = 10.0, min_rto: float = 0.002,
+                 start_timeout: float = 10.0, min_rto: float = 0.01,
                  max_rto: float = 0.5, sock: socket.socket | None = None) -> None:
         self.job_id = job_id
         self.worker_id = worker_id
@@ -245,6 +246,10 @@ class AggregationTransport:
                 now = time.monotonic()
                 if retries[slot] == 0:
                     self._sample(now - first_sent[slot])
+                if stats.results == 0:
+                    # The first answer: every other worker is up now. Timers that ran while
+                    # they were starting restart, instead of all firing at once.
+                    last_sent[:] = [now] * window
                 stats.results += 1
                 if chunk >= 0:
                     sums[chunk] = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
@@ -268,7 +273,9 @@ class AggregationTransport:
             if now >= next_scan:
                 rto = self.rto
                 fired = False
-                for slot in range(window):
+                # Until the first answer the other workers may still be starting: probe with
+                # one slot rather than re-sending the whole window again and again.
+                for slot in range(window if stats.results else 1):
                     frame = frames[slot]
                     if frame is not None and now - last_sent[slot] > rto * (
                             1 << min(retries[slot], 8)):
