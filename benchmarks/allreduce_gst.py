@@ -7,7 +7,7 @@ same namespaces over the same links (the switch only forwards). Printed and writ
 results/allreduce_gst.{md,json,png}: GST (slowest worker), goodput, bytes per NIC against the
 link-bound model (control_plane/cost_model.py) and the ratio to gloo.
 
-    python -m benchmarks.allreduce_gst [--rate 20mbit] [--sizes 1M 4M] [--workers 4]
+    python -m benchmarks.allreduce_gst [--rate 10mbit] [--sizes 1M 4M] [--workers 4]
 
 torch is optional (`pip install torch==2.13.0`); without it the gloo rows say so.
 """
@@ -128,7 +128,7 @@ def run_workers(state, script_text: str, workers: int, size: int, tmp: Path,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", default="20mbit")
+    parser.add_argument("--rate", default="10mbit")
     parser.add_argument("--sizes", type=parse_size, nargs="+", default=[1 << 20, 4 << 20])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="bench")

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+
+import pytest
 
 from control_plane.p4info import (
     BMV2_JSON_PATH,
+    BUILD_DIR,
     P4INFO_PATH,
+    REPO_ROOT,
     SOURCE_HASH_PATH,
     Names,
     built_p4info,
@@ -39,3 +46,23 @@ def test_every_name_the_control_plane_uses_is_in_the_p4info():
         assert (name in p4info.tables or name in p4info.actions
                 or name in p4info.counters), name
     assert "magic" in p4info.packet_out_metadata
+
+
+def local_p4c() -> str | None:
+    for candidate in (os.environ.get("P4C"), shutil.which("p4c-bm2-ss"),
+                      "/opt/p4c/bin/p4c-bm2-ss"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(local_p4c() is None, reason="p4c-bm2-ss is not installed (p4c is in no "
+                    "package registry; set P4C to a local build to run this)")
+def test_p4c_reproduces_the_committed_build(tmp_path):
+    """`make build`'s script, compiling into a scratch folder, gives the committed bytes."""
+    done = subprocess.run(["bash", "tools/build_p4.sh"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "P4C": local_p4c(), "BML_BUILD_OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    for name in ("bml.json", "bml.p4info.txtpb", "p4src.sha256"):
+        assert (tmp_path / name).read_bytes() == (BUILD_DIR / name).read_bytes(), name

@@ -3,14 +3,14 @@
 # Uses a local p4c-bm2-ss ($P4C, PATH, /opt/p4c/bin) or, failing that, the p4lang/p4c image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=p4src/build
+out=${BML_BUILD_OUT:-p4src/build}  # tests/test_build.py compiles elsewhere and compares
 mkdir -p "$out"
 args=(--arch v1model --std p4-16 -I p4src -o "$out/bml.json"
       --p4runtime-files "$out/bml.p4info.txtpb" p4src/bml.p4)
 p4c=${P4C:-$(command -v p4c-bm2-ss || true)}
 if [ -z "$p4c" ] && [ -x /opt/p4c/bin/p4c-bm2-ss ]; then p4c=/opt/p4c/bin/p4c-bm2-ss; fi
 if [ -n "$p4c" ]; then
-  echo "build: $p4c ($("$p4c" --version | head -1))"
+  echo "build: $p4c ($("$p4c" --version | tail -1))"
   "$p4c" "${args[@]}"
 elif command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
   echo "build: p4lang/p4c docker image"
