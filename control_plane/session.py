@@ -141,6 +141,8 @@ class SwitchSession:
         try:
             reply = self.client.stub.GetForwardingPipelineConfig(request, timeout=10)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return None  # PI's answer for a switch that has no pipeline yet
             raise SwitchError(f"switch {self.name}: cannot read pipeline: {exc.details()}") \
                 from None
         return reply.config.p4info if reply.config.HasField("p4info") else None

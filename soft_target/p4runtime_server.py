@@ -158,8 +158,9 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
     def GetForwardingPipelineConfig(self, request, context):  # noqa: N802
         self._check_device(request.device_id, context)
         response = p4runtime_pb2.GetForwardingPipelineConfigResponse()
-        if self.p4info is None:
-            return response
+        if self.p4info is None:  # PI's answer, word for word
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "No forwarding pipeline config set for this device")
         kinds = p4runtime_pb2.GetForwardingPipelineConfigRequest
         if request.response_type in (kinds.ALL, kinds.P4INFO_AND_COOKIE):
             response.config.p4info.CopyFrom(self.p4info.message)
