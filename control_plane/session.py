@@ -64,11 +64,12 @@ class _Client(P4RuntimeClient):
     """P4RuntimeClient that raises instead of exiting, and waits a bounded time."""
 
     def __init__(self, name: str, address: str, device_id: int, election_id: tuple[int, int],
-                 timeout: float, primary: bool) -> None:
+                 timeout: float, primary: bool, stream: bool) -> None:
         self.switch_name = name
         self.address = address
         self.timeout = timeout
         self.require_primary = primary
+        self.with_stream = stream
         super().__init__(device_id, address, election_id)
 
     def set_up_stream(self) -> None:
@@ -79,7 +80,10 @@ class _Client(P4RuntimeClient):
             raise SwitchUnreachable(
                 f"switch {self.switch_name} at {self.address}: no P4Runtime server answered "
                 f"within {self.timeout:g} s") from None
-        super().set_up_stream()
+        if self.with_stream:
+            super().set_up_stream()
+        else:  # reads need no arbitration, and so take no election id from anyone
+            self.stream_out_q = self.stream_in_q = self.stream_recv_thread = None
 
     def handshake(self) -> None:
         request = p4runtime_pb2.StreamMessageRequest()
@@ -89,7 +93,13 @@ class _Client(P4RuntimeClient):
         self.stream_out_q.put(request)
         reply = self.get_stream_packet("arbitration", timeout=self.timeout)
         if reply is None:
+            closed = not self.stream_recv_thread.is_alive()
             self.tear_down()
+            if closed:
+                raise SwitchError(
+                    f"switch {self.switch_name} at {self.address}: the switch closed the "
+                    f"stream at arbitration (is election id {self.election_id} already held "
+                    "by another controller?)")
             raise SwitchUnreachable(
                 f"switch {self.switch_name} at {self.address}: no arbitration answer within "
                 f"{self.timeout:g} s")
@@ -101,17 +111,22 @@ class _Client(P4RuntimeClient):
 
 
 class SwitchSession:
-    """A session with one switch: primary (may write) unless ``primary=False`` (reads only)."""
+    """A session with one switch: primary (may write) unless ``primary=False`` (a backup
+    that keeps a stream, e.g. to notice the switch dying), or ``stream=False``: reads only,
+    with no stream and no election id. Election ids must be unique per switch (PI refuses
+    a second stream with one already in use), so every role has its own."""
 
     def __init__(self, name: str, address: str, device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), timeout: float = 5.0,
-                 p4info: P4Info | None = None, primary: bool = True) -> None:
+                 p4info: P4Info | None = None, primary: bool = True,
+                 stream: bool = True) -> None:
         self.name = name
         self.address = address
         self.device_id = device_id
         self.p4info = p4info or built_p4info()
         self.lock = threading.Lock()
-        self.client = _Client(name, address, device_id, election_id, timeout, primary)
+        self.client = _Client(name, address, device_id, election_id, timeout,
+                              primary and stream, stream)
 
     # ----------------------------------------------------------------- pipeline
     def push_pipeline(self, force: bool = False) -> bool:
@@ -235,7 +250,8 @@ class SwitchSession:
         self.client.stream_out_q.put(request)
 
     def stream_alive(self) -> bool:
-        return self.client.stream_recv_thread.is_alive()
+        thread = self.client.stream_recv_thread
+        return thread is not None and thread.is_alive()
 
     def ping(self, timeout: float = 1.0) -> None:
         """One bounded round trip; raises SwitchUnreachable if the switch does not answer."""

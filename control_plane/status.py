@@ -10,13 +10,10 @@ from control_plane.p4info import Names
 from control_plane.session import SwitchError, SwitchSession
 from hosts.protocol import DropReason, Stat
 
-READER_ELECTION = (0, 1)
-
 
 def read_counters(name: str, address: str, device_id: int) -> dict[str, int]:
     """Every named stat and drop reason of one switch (drop reasons prefixed ``drop:``)."""
-    session = SwitchSession(name, address, device_id, READER_ELECTION, timeout=2.0,
-                            primary=False)
+    session = SwitchSession(name, address, device_id, timeout=2.0, stream=False)
     try:
         stats = session.read_counter(Names.STATS)
         drops = session.read_counter(Names.DROPS)
@@ -35,8 +32,8 @@ def switch_lines(fabric) -> list[str]:
     topology = fabric.topo
     for name, info in fabric.switches.items():
         try:
-            session = SwitchSession(name, info["address"], info["device_id"], READER_ELECTION,
-                                    timeout=2.0, primary=False)
+            session = SwitchSession(name, info["address"], info["device_id"], timeout=2.0,
+                                    stream=False)
         except SwitchError:
             answers, pipeline = "NO", "-"
         else:

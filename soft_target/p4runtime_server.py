@@ -30,6 +30,9 @@ API_VERSION = "1.4.1"
 Key = tuple[int, ...]
 
 
+_ELECTION_TAKEN = object()  # StreamChannel's marker: this stream asked for a taken election id
+
+
 class WriteError(Exception):
     """One update refused, with the canonical code the client will see."""
 
@@ -240,6 +243,14 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 for request in request_iterator:
                     kind = request.WhichOneof("update")
                     if kind == "arbitration":
+                        election = (request.arbitration.election_id.high,
+                                    request.arbitration.election_id.low)
+                        with self.lock:
+                            taken = any(other != stream and held == election
+                                        for other, held in self.elections.items())
+                        if taken:  # as PI: the stream ends with INVALID_ARGUMENT
+                            outgoing.put(_ELECTION_TAKEN)
+                            return
                         outgoing.put(self._arbitrate(stream, request.arbitration))
                     elif kind == "packet":
                         self._packet_out(request.packet)
@@ -255,6 +266,8 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             message = outgoing.get()
             if message is None:
                 return
+            if message is _ELECTION_TAKEN:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Election id already exists")
             yield message
 
     # ---------------------------------------------------------------- internals

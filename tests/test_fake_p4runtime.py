@@ -74,7 +74,7 @@ def test_rejected_write_names_the_switch_and_the_entry(full_host_address_table):
     assert f"{Names.HOST_ADDRESS}[standard_metadata.egress_port=1]" in message
     assert "host_address is full" in message
     # What went before the refused batch is installed; nothing of the refused batch is.
-    check = SwitchSession("check", full_host_address_table, timeout=3.0, primary=False)
+    check = SwitchSession("check", full_host_address_table, timeout=3.0, stream=False)
     try:
         assert len(check.read_table(Names.L2_FORWARD)) == 4
         assert check.read_table(Names.HOST_ADDRESS) == []

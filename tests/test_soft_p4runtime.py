@@ -85,3 +85,17 @@ def test_counters_read_as_written_by_the_pipeline(soft_switch):
     pipeline.drops[3] = 7
     assert session.read_counter(Names.STATS)[1] == 42
     assert session.read_counter(Names.DROPS)[3] == 7
+
+
+def test_an_election_id_in_use_is_refused_and_readers_need_none(soft_switch):
+    _, session = soft_switch
+    address = session.address
+    with pytest.raises(SwitchError, match=r"election id \(0, 1\) already held"):
+        SwitchSession("soft", address, 1, (0, 1), timeout=3)
+    session.push_pipeline()
+    readers = [SwitchSession("soft", address, 1, timeout=3, stream=False) for _ in range(2)]
+    try:
+        assert all(len(r.read_counter(Names.STATS)) == 8 for r in readers)
+    finally:
+        for reader in readers:
+            reader.close()
