@@ -103,8 +103,11 @@ def test_bad_requests_refused_before_anything_is_made(topo, message):
 
 
 def test_bmv2_requested_but_missing_is_refused(monkeypatch):
-    if net.find_bmv2() is not None:
-        pytest.skip("simple_switch_grpc is installed here")
+    # A machine without BMv2: nothing in $BMV2_SWITCH, on PATH or in the usual prefixes.
+    monkeypatch.delenv("BMV2_SWITCH", raising=False)
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    monkeypatch.setattr(net, "BMV2_SEARCH", ())
+    assert net.find_bmv2() is None
     with pytest.raises(net.NetError, match="simple_switch_grpc is not installed"):
         net.up("tbad", "star:2", target="bmv2")
     assert net.leftovers("tbad") == []
