@@ -25,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bml-demo", description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="soft")
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--elements", type=int, default=1 << 20)
+    parser.add_argument("--elements", type=int, default=None,
+                        help="float32 per worker (default 1M; 256K on bmv2, which is slower)")
     parser.add_argument("--name", default="demo")
     args = parser.parse_args(argv)
+    if args.elements is None:
+        args.elements = 1 << 18 if args.target == "bmv2" else 1 << 20
     t0 = time.monotonic()
     print(f"demo: bringing up star:{args.workers} on the {args.target} target ...", flush=True)
     try:
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             grads = [rng.standard_normal(args.elements).astype(np.float32) * (r + 1)
                      for r in range(args.workers)]
             runs = run_pushes(state, 1, [Push(r, r, grad) for r, grad in enumerate(grads)],
-                              Path(tmp))
+                              Path(tmp), extra=["--timeout", "240"], timeout=300)
             print(f"\n{'worker':>6} {'exit':>4} {'max error':>10} {'bound':>10}  "
                   "push figures")
             for rank, run in enumerate(runs):

@@ -117,7 +117,12 @@ def kernel_has_netem() -> bool:
 
 
 def add_namespace(name: str) -> None:
+    """A server's namespace, IPv4 only: interfaces moved in later send no IPv6 chatter
+    (router solicitations, MLD) into the switches."""
     run("ip", "netns", "add", name)
+    for scope in ("all", "default"):
+        run("sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1", namespace=name,
+            check=False)
     run("ip", "link", "set", "lo", "up", namespace=name)
 
 

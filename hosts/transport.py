@@ -84,7 +84,7 @@ class AggregationTransport:
     def __init__(self, job_id: int, worker_id: int, num_workers: int, local_ip: str,
                  switch_ip: str, window: int = 256, timeout: float = 60.0,
                  start_timeout: float = 10.0, min_rto: float = 0.01,
-                 max_rto: float = 0.5, sock: socket.socket | None = None) -> None:
+                 max_rto: float = 5.0, sock: socket.socket | None = None) -> None:
         self.job_id = job_id
         self.worker_id = worker_id
         self.num_workers = num_workers
