@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--loss", type=float, default=0.0,
                       help="loss in percent per direction (nftables)")
     p_up.add_argument("--reorder", type=float, default=0.0,
-                      help="reordered percent (tc netem; needs --delay)")
+                      help="percent of each server's packets sent through a slower detour, so "
+                           "they arrive after later ones (nftables + tbf)")
     commands.add_parser("status", help="switches, links and counters")
     p_exec = commands.add_parser("exec", help="run a command on a server: exec h0 -- CMD")
     p_exec.add_argument("server")

@@ -51,18 +51,19 @@ def rate_bits(rate: str) -> int:
 
 @dataclass(frozen=True)
 class Shaping:
-    """Impairments applied to both directions of every link.
+    """Impairments of every link.
 
-    Each is done by the kernel part that exists on every Linux this runs on: the rate by a
-    ``tbf`` qdisc, loss by an nftables ``numgen random`` rule on the host end (ingress and
-    egress), delay and reordering by ``netem``, which some kernels (this project's CI VMs
-    among them) are built without; asking for those there is refused with that reason.
+    Each is done by a kernel part that exists on every Linux this runs on, except delay: the
+    rate by a ``tbf`` qdisc on both ends, loss by an nftables ``numgen random`` drop on the
+    server's end (both directions), reordering by an nftables detour of the server's packets
+    through a queue of their own (see ``shape_link``), delay by ``netem``, which some kernels
+    (this project's CI VMs among them) are built without: asking for it there is refused.
     """
 
     rate: str | None = None  # e.g. "100mbit"
     delay: str | None = None  # e.g. "1ms"
     loss: float = 0.0  # percent, per direction
-    reorder: float = 0.0  # percent (needs a delay)
+    reorder: float = 0.0  # percent of the server's packets that take the detour
     queue_seconds: float = 0.2  # how much traffic the rate limiter may queue, in time
 
     def check(self) -> None:
@@ -71,19 +72,16 @@ class Shaping:
             rate_bits(self.rate)
         if not 0.0 <= self.loss < 100.0:
             raise NetError(f"loss must be a percentage in [0, 100), got {self.loss}")
-        if self.reorder and not self.delay:
-            raise NetError("reordering needs a delay (netem reorders by sending some packets "
-                           "without it)")
-        if (self.delay or self.reorder) and not kernel_has_netem():
-            raise NetError("delay and reordering need the kernel's netem qdisc (sch_netem), "
-                           "which this kernel lacks; rate and loss work without it")
+        if not 0.0 <= self.reorder <= 100.0:
+            raise NetError(f"reorder must be a percentage in [0, 100], got {self.reorder}")
+        if self.delay and not kernel_has_netem():
+            raise NetError("delay needs the kernel's netem qdisc (sch_netem), which this "
+                           "kernel lacks; rate, loss and reordering work without it")
 
     def netem_args(self) -> list[str]:
         args: list[str] = ["limit", "100000"]
         if self.delay:
             args += ["delay", self.delay]
-        if self.reorder:
-            args += ["reorder", f"{self.reorder}%", "50%"]
         return args
 
     def tbf_args(self) -> list[str]:
@@ -151,12 +149,22 @@ def add_neighbour(namespace: str, interface: str, ip: str, mac: str) -> None:
         namespace=namespace)
 
 
+_DETOURED = "0x42"  # packet mark: has taken the detour once, goes straight on
+DETOUR_RATE = "20mbit"  # the detour's own rate where the link has none
+DETOUR_QUEUE_BYTES = 100_000
+
+
 def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shaping) -> None:
-    """Apply ``shaping`` to one link (replacing what it had); an inactive one clears it."""
+    """Apply ``shaping`` to one link (replacing what it had); an inactive one clears it.
+
+    Reordering without netem: a share of the server's packets is forwarded (nftables ``fwd``)
+    through a detour, a veth pair in the server's namespace with a ``tbf`` queue of its own,
+    and then out of the link; whatever queues there arrives after packets sent later.
+    """
     for interface, ns in ((switch_side, None), (host_side, namespace)):
         run("tc", "qdisc", "del", "dev", interface, "root", namespace=ns, check=False)
         parent = ["root"]
-        if shaping.delay or shaping.reorder:
+        if shaping.delay:
             run("tc", "qdisc", "add", "dev", interface, "root", "handle", "1:", "netem",
                 *shaping.netem_args(), namespace=ns)
             parent = ["parent", "1:1"]
@@ -164,16 +172,34 @@ def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shapin
             run("tc", "qdisc", "add", "dev", interface, *parent, "handle", "10:", "tbf",
                 *shaping.tbf_args(), namespace=ns)
     table = f"bml_{host_side}"
+    detour_in, detour_out = f"{host_side}ra", f"{host_side}rb"
     run("nft", "delete", "table", "netdev", table, namespace=namespace, check=False)
+    run("ip", "link", "delete", detour_in, namespace=namespace, check=False)
+    egress, ingress, chains = [], [], []
     if shaping.loss:
-        per_million = round(shaping.loss * 10_000)
-        rule = f"numgen random mod 1000000 < {per_million} counter drop"
-        run("nft", "-f", "-", namespace=namespace, stdin=(
-            f"table netdev {table} {{\n"
-            f"  chain egress {{ type filter hook egress device \"{host_side}\" priority 0; "
-            f"{rule}; }}\n"
-            f"  chain ingress {{ type filter hook ingress device \"{host_side}\" priority 0; "
-            f"{rule}; }}\n}}\n"))
+        drop = f"numgen random mod 1000000 < {round(shaping.loss * 10_000)} counter drop"
+        egress.append(f"meta mark != {_DETOURED} {drop}")
+        ingress.append(drop)
+    if shaping.reorder:
+        run("ip", "link", "add", detour_in, "type", "veth", "peer", "name", detour_out,
+            namespace=namespace)
+        for interface in (detour_in, detour_out):
+            run("ip", "link", "set", interface, "mtu", "9000", "up", namespace=namespace)
+        rate = shaping.rate or DETOUR_RATE
+        run("tc", "qdisc", "add", "dev", detour_in, "root", "tbf", "rate", rate, "burst",
+            "16000", "limit", str(DETOUR_QUEUE_BYTES), namespace=namespace)
+        egress.append(f"meta mark != {_DETOURED} numgen random mod 1000000 < "
+                      f"{round(shaping.reorder * 10_000)} meta mark set {_DETOURED} counter "
+                      f"fwd to \"{detour_in}\"")
+        chains.append(f"  chain detour {{ type filter hook ingress device \"{detour_out}\" "
+                      f"priority 0; counter fwd to \"{host_side}\"; }}")
+    for hook, rules in (("egress", egress), ("ingress", ingress)):
+        if rules:
+            chains.append(f"  chain {hook} {{ type filter hook {hook} device \"{host_side}\" "
+                          f"priority 0; {'; '.join(rules)}; }}")
+    if chains:
+        run("nft", "-f", "-", namespace=namespace,
+            stdin=f"table netdev {table} {{\n" + "\n".join(chains) + "\n}\n")
 
 
 def namespaces() -> list[str]:

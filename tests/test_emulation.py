@@ -15,6 +15,7 @@ from control_plane.fabric import Fabric
 from control_plane.status import read_events
 from emulation import net
 from emulation.net import State
+from emulation.netns import Shaping, kernel_has_netem
 from emulation.workers import Push, check_sum, run_pushes
 from tests.conftest import NETNS_REASON, emulation
 
@@ -110,6 +111,15 @@ def test_bmv2_requested_but_missing_is_refused(monkeypatch):
     assert net.find_bmv2() is None
     with pytest.raises(net.NetError, match="simple_switch_grpc is not installed"):
         net.up("tbad", "star:2", target="bmv2")
+    assert net.leftovers("tbad") == []
+
+
+def test_impossible_shaping_refused_before_anything_is_made():
+    with pytest.raises(net.NetError, match="loss must be a percentage"):
+        net.up("tbad", "star:2", shaping=Shaping(loss=100.0))
+    if not kernel_has_netem():
+        with pytest.raises(net.NetError, match="delay needs the kernel's netem qdisc"):
+            net.up("tbad", "star:2", shaping=Shaping(delay="1ms"))
     assert net.leftovers("tbad") == []
 
 

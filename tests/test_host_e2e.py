@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from control_plane.fabric import Fabric
 from emulation import net
-from emulation.netns import Shaping, kernel_has_netem
+from emulation.netns import Shaping
 from emulation.workers import Push, PushResult, check_sum, run_pushes
 from tests.conftest import NETNS_REASON, emulation
 
@@ -61,9 +62,10 @@ def test_workers_get_the_sum(star8, tmp_path, workers, size):
         fabric.remove_job(job)
 
 
-def push_under(state, fabric, tmp_path, job: int, shaping: Shaping, seed: int) -> None:
+def push_under(state, fabric, tmp_path, job: int, shaping: Shaping, seed: int,
+               check=lambda: None) -> None:
     """Four workers push through links impaired by ``shaping``; every sum is still right and
-    the transport had to repair something."""
+    the transport had to repair something (and ``check`` holds while the shaping is on)."""
     fabric.add_job(job, [0, 1, 2, 3])
     net.reshape(state, shaping)
     try:
@@ -72,6 +74,7 @@ def push_under(state, fabric, tmp_path, job: int, shaping: Shaping, seed: int) -
         assert_correct(results, grads)
         retransmissions = sum(int(r.figure("retransmissions")) for r in results)
         assert retransmissions > 0  # the impairment was real and was repaired
+        check()
     finally:
         net.reshape(state, Shaping())
         fabric.remove_job(job)
@@ -82,13 +85,22 @@ def test_correct_under_loss(star8, tmp_path, loss):
     push_under(*star8, tmp_path, 200 + int(loss), Shaping(loss=loss), int(loss))
 
 
-@pytest.mark.skipif(NETNS_REASON is None and not kernel_has_netem(),
-                    reason="this kernel has no netem qdisc (sch_netem), the only kernel part "
-                    "that delays and reorders; loss is tested without it")
 @pytest.mark.parametrize("loss", [1.0, 5.0])
 def test_correct_under_loss_and_reordering(star8, tmp_path, loss):
-    push_under(*star8, tmp_path, 210 + int(loss),
-               Shaping(delay="1ms", loss=loss, reorder=25.0), 10 + int(loss))
+    state, fabric = star8
+    push_under(state, fabric, tmp_path, 210 + int(loss), Shaping(loss=loss, reorder=25.0),
+               10 + int(loss), check=lambda: detoured(state, [0, 1, 2, 3]))
+
+
+def detoured(state, servers: list[int]) -> None:
+    """The reordering was real: a quarter of each server's packets took the detour."""
+    for server in servers:
+        rules = subprocess.run(["ip", "netns", "exec", state.namespace_of(server), "nft",
+                                "list", "table", "netdev", "bml_eth0"],
+                               capture_output=True, text=True, check=True).stdout
+        packets = int(re.search(r"counter packets (\d+) bytes \d+ fwd to \"eth0ra\"",
+                                rules).group(1))
+        assert packets > 100, rules
 
 
 def test_two_concurrent_jobs_on_one_switch(star8, tmp_path):
