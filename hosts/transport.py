@@ -271,14 +271,14 @@ class AggregationTransport:
                     remaining -= 1
             now = time.monotonic()
             if now >= next_scan:
-                rto = self.rto
+                rto, max_rto = self.rto, self.max_rto
                 fired = False
                 # Until the first answer the other workers may still be starting: probe with
                 # one slot rather than re-sending the whole window again and again.
                 for slot in range(window if stats.results else 1):
                     frame = frames[slot]
-                    if frame is not None and now - last_sent[slot] > rto * (
-                            1 << min(retries[slot], 8)):
+                    if frame is not None and now - last_sent[slot] > min(
+                            max_rto, rto * (1 << min(retries[slot], 8))):
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1

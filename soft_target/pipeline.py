@@ -41,8 +41,7 @@ IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = 44, 24
 _ACCEPTED_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET)
 _BE_VALUES = np.dtype(">i4")
 _IPV4_WORDS = struct.Struct("!10H")
-_UDP_PORTS = struct.Struct("!HH")
-_UDP_TAIL = struct.Struct("!HH")  # length, checksum
+_UDP_HALF = struct.Struct("!HH")  # two words of the UDP header: ports, or length and checksum
 _IPV4_HEAD = struct.Struct("!BBH2s2sBBH")  # up to the checksum; the addresses follow
 _BML_PORT_BYTES = BML_UDP_PORT.to_bytes(2, "big")
 
@@ -245,7 +244,7 @@ class Pipeline:
         tos, ident, flags = frame[ETH + 1], frame[ETH + 4:ETH + 6], frame[ETH + 6:ETH + 8]
         trigger_sum = (0x4500 | tos) + (ident[0] << 8 | ident[1]) + (flags[0] << 8 | flags[1]) \
             + 0x4011
-        udp_ports = _UDP_PORTS.pack(BML_UDP_PORT, frame[34] << 8 | frame[35])
+        udp_ports = _UDP_HALF.pack(BML_UDP_PORT, frame[34] << 8 | frame[35])
         bml = bytearray(frame[BML_OFF:VALUES_OFF])
         bml[0] = ptype
         bml[8] = exponent
@@ -272,7 +271,7 @@ class Pipeline:
             out.append((egress_port, b"".join((
                 address.ethernet,
                 _IPV4_HEAD.pack(0x45, tos, ip_len, ident, flags, 64, 17, ~total & 0xFFFF),
-                address.addresses, udp_ports, _UDP_TAIL.pack(udp_len, 0), body))))
+                address.addresses, udp_ports, _UDP_HALF.pack(udp_len, 0), body))))
         return out
 
     def _forward(self, frame: bytes) -> list[tuple[int, bytes]]:
