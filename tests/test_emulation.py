@@ -71,8 +71,14 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
     assert not any(name.startswith("tstar-") for name in net.netns.namespaces())
 
 
-def test_bcube22_every_level_pings_and_aggregates(tmp_path):
-    with emulation("tbc22", "bcube:2,2") as state:
+@pytest.mark.parametrize("target", [
+    "soft",
+    pytest.param("bmv2", marks=pytest.mark.skipif(
+        net.find_bmv2() is None, reason="simple_switch_grpc is not installed (BMv2 is in no "
+        "package registry; set BMV2_SWITCH to a local build to run this)")),
+])
+def test_bcube22_every_level_pings_and_aggregates(tmp_path, target):
+    with emulation(f"tb{target}", "bcube:2,2", target=target) as state:
         topo = state.topo()
         fabric = Fabric.load(state.run_dir / "fabric.json")
         for level in range(2):
