@@ -85,10 +85,11 @@ class Shaping:
         return args
 
     def tbf_args(self) -> list[str]:
-        bits = rate_bits(self.rate or "0bit")
+        """Arguments of the ``tbf`` qdisc for ``rate`` (only asked for when there is one)."""
+        bits = rate_bits(self.rate)
         burst = max(16_000, bits // 8 // 500)  # 2 ms of line rate, at least a few frames
         limit = max(256_000, int(bits / 8 * self.queue_seconds))
-        return ["rate", self.rate or "", "burst", str(burst), "limit", str(limit)]
+        return ["rate", self.rate, "burst", str(burst), "limit", str(limit)]
 
     @property
     def active(self) -> bool:
@@ -154,6 +155,11 @@ DETOUR_RATE = "20mbit"  # the detour's own rate where the link has none
 DETOUR_QUEUE_BYTES = 100_000
 
 
+def _random_share(percent: float) -> str:
+    """An nftables expression true for ``percent`` % of packets, at random."""
+    return f"numgen random mod 1000000 < {round(percent * 10_000)}"
+
+
 def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shaping) -> None:
     """Apply ``shaping`` to one link (replacing what it had); an inactive one clears it.
 
@@ -177,7 +183,7 @@ def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shapin
     run("ip", "link", "delete", detour_in, namespace=namespace, check=False)
     egress, ingress, chains = [], [], []
     if shaping.loss:
-        drop = f"numgen random mod 1000000 < {round(shaping.loss * 10_000)} counter drop"
+        drop = f"{_random_share(shaping.loss)} counter drop"
         egress.append(f"meta mark != {_DETOURED} {drop}")
         ingress.append(drop)
     if shaping.reorder:
@@ -188,9 +194,8 @@ def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shapin
         rate = shaping.rate or DETOUR_RATE
         run("tc", "qdisc", "add", "dev", detour_in, "root", "tbf", "rate", rate, "burst",
             "16000", "limit", str(DETOUR_QUEUE_BYTES), namespace=namespace)
-        egress.append(f"meta mark != {_DETOURED} numgen random mod 1000000 < "
-                      f"{round(shaping.reorder * 10_000)} meta mark set {_DETOURED} counter "
-                      f"fwd to \"{detour_in}\"")
+        egress.append(f"meta mark != {_DETOURED} {_random_share(shaping.reorder)} "
+                      f"meta mark set {_DETOURED} counter fwd to \"{detour_in}\"")
         chains.append(f"  chain detour {{ type filter hook ingress device \"{detour_out}\" "
                       f"priority 0; counter fwd to \"{host_side}\"; }}")
     for hook, rules in (("egress", egress), ("ingress", ingress)):
