@@ -33,6 +33,10 @@ SWITCHES_PER_CORE = 8
 BMV2_SEARCH = ("/opt/bmv2/bin", "/usr/local/bin", "/usr/bin")
 
 
+BMV2_MISSING = ("simple_switch_grpc is not installed (BMv2 is in no package registry; set "
+                "BMV2_SWITCH to a local build to run this)")
+
+
 def find_bmv2(explicit: str | None = None) -> str | None:
     """simple_switch_grpc: $BMV2_SWITCH, then PATH, then the usual install prefixes."""
     candidates = [explicit, os.environ.get("BMV2_SWITCH"), shutil.which("simple_switch_grpc")]

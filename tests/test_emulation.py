@@ -74,8 +74,7 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
 @pytest.mark.parametrize("target", [
     "soft",
     pytest.param("bmv2", marks=pytest.mark.skipif(
-        net.find_bmv2() is None, reason="simple_switch_grpc is not installed (BMv2 is in no "
-        "package registry; set BMV2_SWITCH to a local build to run this)")),
+        net.find_bmv2() is None, reason=net.BMV2_MISSING)),
 ])
 def test_bcube22_every_level_pings_and_aggregates(tmp_path, target):
     with emulation(f"tb{target}", "bcube:2,2", target=target) as state:

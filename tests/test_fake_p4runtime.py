@@ -20,7 +20,7 @@ from control_plane.provision import provision_switch
 from control_plane.session import SwitchError, SwitchSession, SwitchUnreachable
 from control_plane.topology import Topology
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, WriteError, serve
-from soft_target.pipeline import Pipeline
+from tests.conftest import in_process_servicer
 
 
 def unused_port() -> int:
@@ -32,8 +32,8 @@ def unused_port() -> int:
 class TableFullServicer(SoftP4RuntimeServicer):
     """Refuses every insert into one table with RESOURCE_EXHAUSTED, as PI does when full."""
 
-    def __init__(self, full_table: str) -> None:
-        super().__init__(Pipeline(), 1, lambda task: task(), lambda copies: None)
+    def __init__(self, *args, full_table: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.full_table = full_table
 
     def _write_table_entry(self, p4info, update_type, entry):
@@ -45,7 +45,8 @@ class TableFullServicer(SoftP4RuntimeServicer):
 
 @pytest.fixture
 def full_host_address_table():
-    server, port = serve(TableFullServicer(Names.HOST_ADDRESS), "127.0.0.1:0")
+    server, port = serve(in_process_servicer(servicer_class=TableFullServicer,
+                                             full_table=Names.HOST_ADDRESS), "127.0.0.1:0")
     yield f"127.0.0.1:{port}"
     server.stop(0)
 
@@ -83,8 +84,7 @@ def test_rejected_write_names_the_switch_and_the_entry(full_host_address_table):
 
 
 def test_switch_dying_mid_session_is_noticed_within_bounds(tmp_path):
-    server, port = serve(SoftP4RuntimeServicer(Pipeline(), 1, lambda task: task(),
-                                               lambda copies: None), "127.0.0.1:0")
+    server, port = serve(in_process_servicer(), "127.0.0.1:0")
     address = f"127.0.0.1:{port}"
     fabric = create_fabric(tmp_path / "fabric.json", Topology.parse("star:2"),
                            {"s0": (address, 1)})

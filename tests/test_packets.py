@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from emulation.net import find_bmv2
+from emulation.net import BMV2_MISSING, find_bmv2
 from emulation.testbed import PTF_DIR, SwitchTestbed, have_netns
 
 
@@ -26,8 +26,7 @@ NETNS_REASON = have_netns()
 TARGETS = [
     pytest.param("soft", id="soft"),
     pytest.param("bmv2", id="bmv2", marks=pytest.mark.skipif(
-        find_bmv2() is None, reason="simple_switch_grpc is not installed (BMv2 is in no "
-        "package registry; set BMV2_SWITCH to a local build to run these)")),
+        find_bmv2() is None, reason=BMV2_MISSING)),
 ]
 _results: dict[str, dict[str, str]] = {}
 

@@ -8,15 +8,15 @@ from p4.v1 import p4runtime_pb2
 
 from control_plane.p4info import Names, built_p4info
 from control_plane.session import SwitchError, SwitchSession, entry
-from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
+from soft_target.p4runtime_server import serve
 from soft_target.pipeline import Pipeline
+from tests.conftest import in_process_servicer
 
 
 @pytest.fixture
 def soft_switch():
     pipeline = Pipeline()
-    servicer = SoftP4RuntimeServicer(pipeline, 1, lambda task: task(), lambda copies: None)
-    server, port = serve(servicer, "127.0.0.1:0")
+    server, port = serve(in_process_servicer(pipeline), "127.0.0.1:0")
     session = SwitchSession("soft", f"127.0.0.1:{port}", 1, (0, 1), timeout=3)
     yield pipeline, session
     session.close()
