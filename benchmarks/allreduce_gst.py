@@ -5,7 +5,7 @@ bml-net brings up star:N on the software target with every link shaped by tc to 
 ``bml-host`` (in-network aggregation), then torch.distributed's gloo ``all_reduce`` runs in the
 same namespaces over the same links (the switch only forwards). Printed and written to
 results/allreduce_gst.{md,json,png}: GST (slowest worker), goodput, bytes per NIC against the
-link-bound model (control_plane/cost_model.py) and the ratio to gloo.
+link-bound model (bml/cost_model.py) and the ratio to gloo.
 
     python -m benchmarks.allreduce_gst [--rate 10mbit] [--sizes 1M 4M] [--workers 4]
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from control_plane import cost_model
+from bml import cost_model
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits

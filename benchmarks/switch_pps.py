@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bml.protocol import VALUES_PER_PACKET
 from emulation.testbed import SwitchTestbed, have_netns
-from hosts.protocol import VALUES_PER_PACKET
 
 RESULTS = Path("results")
 JOB = 1
@@ -36,12 +36,12 @@ WINDOW = 128
 def measure(workers: int, seconds: float, grpc: str) -> dict:
     """Runs inside the testbed's namespace: provision, generate, count. Returns figures."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "ptf"))
+    from bml.protocol import HEADER_STRUCT, Stat
+    from bml.topology import Switch
     from control_plane.jobs import AggregationGroup
     from control_plane.p4info import Names
     from control_plane.provision import install_group
     from control_plane.session import SwitchSession, entry
-    from control_plane.topology import Switch
-    from hosts.protocol import HEADER_STRUCT, Stat
     from soft_target.switch import open_port
     from tests.ptf.common.bml_test import (
         SWITCH_IP,

@@ -6,15 +6,15 @@ P4Runtime PacketOut so that it enters on the CPU port, the only port RESET is ac
 
 from __future__ import annotations
 
-from control_plane.jobs import AggregationGroup
-from control_plane.topology import Switch, ip_to_int, mac_to_int
-from hosts.protocol import (
+from bml.protocol import (
     BML_UDP_PORT,
     HEADER_BYTES,
     VALUES_BYTES,
     PacketType,
     pack_header,
 )
+from bml.topology import Switch, ip_to_int, mac_to_int
+from control_plane.jobs import AggregationGroup
 
 
 def reset_frames(switch: Switch, group: AggregationGroup) -> list[bytes]:

@@ -6,12 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from bml.protocol import ResultMode
+from bml.topology import TopologyError
 from control_plane.fabric import DEFAULT_FABRIC, Fabric, locked
 from control_plane.jobs import DEFAULT_POOL_SIZE, JobError
 from control_plane.session import SwitchError
 from control_plane.status import counter_table, event_lines, switch_lines
-from control_plane.topology import TopologyError
-from hosts.protocol import ResultMode
 
 
 def parse_servers(text: str) -> list[int]:

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bml.topology import Topology
 from control_plane.jobs import JobError, JobPlan, plan_job
 from control_plane.provision import install_group, provision_switch, remove_group, sessions
-from control_plane.topology import Topology
 
 WRITER_ELECTION = (0, 2)
 DEFAULT_FABRIC = Path(os.environ.get("BML_FABRIC", "/tmp/bml-net/bml/fabric.json"))

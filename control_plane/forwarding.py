@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bml.topology import Switch, Topology, mac_to_int
 from control_plane.p4info import Names
 from control_plane.session import Entry, entry
-from control_plane.topology import Switch, Topology, mac_to_int
 
 
 def forwarding_entries(topology: Topology, switch: Switch) -> list[Entry]:

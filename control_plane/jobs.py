@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from control_plane.topology import Topology, TopologyError
-from hosts.protocol import MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
+from bml.protocol import MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
+from bml.topology import Topology, TopologyError
 
 DEFAULT_POOL_SIZE = 512
 

@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from bml.protocol import Stat
+from bml.topology import Switch, Topology
 from control_plane.admission import admission_entries
 from control_plane.aggregation import reset_frames
 from control_plane.egress_rewrite import host_address_entries
@@ -14,8 +16,6 @@ from control_plane.jobs import AggregationGroup
 from control_plane.p4info import Names
 from control_plane.result_routing import group_ports, owner_entries
 from control_plane.session import SwitchSession
-from control_plane.topology import Switch, Topology
-from hosts.protocol import Stat
 
 
 def provision_switch(session: SwitchSession, topology: Topology, switch: Switch) -> None:

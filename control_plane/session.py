@@ -22,8 +22,8 @@ from p4runtime_sh.p4runtime import (
     P4RuntimeWriteException,
 )
 
+from bml.protocol import CONTROLLER_MAGIC
 from control_plane.p4info import P4Info, built_device_config, built_p4info
-from hosts.protocol import CONTROLLER_MAGIC
 
 
 class SwitchError(RuntimeError):

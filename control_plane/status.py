@@ -6,9 +6,9 @@ import json
 import time
 from pathlib import Path
 
+from bml.protocol import DropReason, Stat
 from control_plane.p4info import Names
 from control_plane.session import SwitchError, SwitchSession
-from hosts.protocol import DropReason, Stat
 
 
 def read_counters(name: str, address: str, device_id: int) -> dict[str, int]:

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bml.topology import Topology, TopologyError
 from control_plane.fabric import create as create_fabric
 from control_plane.p4info import REPO_ROOT
-from control_plane.topology import Topology, TopologyError
 from emulation import netns
 from emulation.netns import NetError, Shaping
 

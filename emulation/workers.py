@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bml.protocol import VALUES_PER_PACKET
 from control_plane.p4info import REPO_ROOT
-from hosts.protocol import VALUES_PER_PACKET
 from hosts.quantize import block_exponents, error_bound
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bml.protocol import FRAME_BYTES, VALUES_PER_PACKET
 from hosts.api import GradientError, TransportError, Worker
-from hosts.protocol import FRAME_BYTES, VALUES_PER_PACKET
 
 
 def load_gradient(path: Path) -> np.ndarray:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hosts.protocol import EXPONENT_BIAS, EXPONENT_NONE, MAX_EXPONENT, MIN_EXPONENT
+from bml.protocol import EXPONENT_BIAS, EXPONENT_NONE, MAX_EXPONENT, MIN_EXPONENT
 
 
 class GradientError(ValueError):

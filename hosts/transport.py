@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hosts.protocol import (
+from bml.protocol import (
     BML_UDP_PORT,
     EXPONENT_NONE,
     HEADER_BYTES,

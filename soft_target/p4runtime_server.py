@@ -21,8 +21,8 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from bml.protocol import CPU_PORT
 from control_plane.p4info import Names, P4Info, built_device_config, built_p4info
-from hosts.protocol import CPU_PORT
 from soft_target.pipeline import HostAddress, JobConfig, Pipeline
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hosts.protocol import (
+from bml.protocol import (
     BML_UDP_PORT,
     CONTROLLER_MAGIC,
     CPU_PORT,

@@ -13,12 +13,12 @@ import time
 import pytest
 from google.rpc import code_pb2
 
+from bml.topology import Topology
 from control_plane.fabric import create as create_fabric
 from control_plane.health import HealthMonitor
 from control_plane.p4info import Names
 from control_plane.provision import provision_switch
 from control_plane.session import SwitchError, SwitchSession, SwitchUnreachable
-from control_plane.topology import Topology
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, WriteError, serve
 from tests.conftest import in_process_servicer
 

@@ -7,9 +7,8 @@ import re
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from control_plane.p4info import P4SRC_DIR
-from hosts import protocol
-from hosts.protocol import (
+from bml import protocol
+from bml.protocol import (
     BML,
     FRAME_BYTES,
     HEADER_BYTES,
@@ -24,6 +23,7 @@ from hosts.protocol import (
     unpack_header,
     values_layers,
 )
+from control_plane.p4info import P4SRC_DIR
 
 
 def p4_defines() -> dict[str, int]:

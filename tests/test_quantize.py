@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hosts.protocol import EXPONENT_NONE, VALUES_PER_PACKET
+from bml.protocol import EXPONENT_NONE, VALUES_PER_PACKET
 from hosts.quantize import (
     GradientError,
     block_exponents,

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from bml.protocol import POOL_SLOTS
+from bml.topology import Topology, TopologyError
 from control_plane.jobs import JobError, allocate_pool, plan_job
-from control_plane.topology import Topology, TopologyError
-from hosts.protocol import POOL_SLOTS
 
 
 @pytest.mark.parametrize(("n", "k"), [(2, 1), (4, 1), (2, 2), (3, 2), (4, 2), (2, 3), (3, 3)])

@@ -9,7 +9,7 @@ import ptf.testutils as tu
 from common.bml_test import BmlTest, contribution, from_switch, lane_sums
 from scapy.packet import Raw
 
-from hosts.protocol import VALUES_PER_PACKET, DropReason, PacketType, Stat
+from bml.protocol import VALUES_PER_PACKET, DropReason, PacketType, Stat
 
 rng = random.Random(7)
 
@@ -137,7 +137,7 @@ class NoOwnerRoute(BmlTest):
     """In reduce-scatter mode a result for an owner with no route is dropped and counted."""
 
     def runTest(self) -> None:  # noqa: N802
-        from hosts.protocol import ResultMode
+        from bml.protocol import ResultMode
 
         self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
         before = self.counters()

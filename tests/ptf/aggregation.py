@@ -12,7 +12,7 @@ from common.bml_test import (
     lane_sums,
 )
 
-from hosts.protocol import VALUES_PER_PACKET, PacketType, ResultMode, Stat
+from bml.protocol import VALUES_PER_PACKET, PacketType, ResultMode, Stat
 
 rng = random.Random(20261202)
 

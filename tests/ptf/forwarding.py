@@ -7,9 +7,9 @@ from common.bml_test import BmlTest, host_ip, host_mac, mac_int
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import Ether
 
+from bml.protocol import DropReason, Stat
 from control_plane.p4info import Names
 from control_plane.session import entry
-from hosts.protocol import DropReason, Stat
 
 
 class ForwardByMac(BmlTest):

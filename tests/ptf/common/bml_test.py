@@ -21,13 +21,7 @@ from ptf.base_tests import BaseTest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from control_plane.aggregation import reset_frames
-from control_plane.jobs import AggregationGroup
-from control_plane.p4info import Names
-from control_plane.provision import install_group, remove_group
-from control_plane.session import SwitchSession, entry
-from control_plane.topology import Switch
-from hosts.protocol import (
+from bml.protocol import (
     BML,
     BML_UDP_PORT,
     EXPONENT_NONE,
@@ -41,6 +35,12 @@ from hosts.protocol import (
     job_udp_port,
     values_layers,
 )
+from bml.topology import Switch
+from control_plane.aggregation import reset_frames
+from control_plane.jobs import AggregationGroup
+from control_plane.p4info import Names
+from control_plane.provision import install_group, remove_group
+from control_plane.session import SwitchSession, entry
 
 PORTS = tuple(range(1, 9))
 SWITCH_MAC = "02:ff:00:00:00:01"

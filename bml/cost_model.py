@@ -15,7 +15,7 @@ per wire byte the ratio is (314/256) / (1.5 * 1.006), about 0.81, with 64 values
 
 from __future__ import annotations
 
-from hosts.protocol import FRAME_BYTES, VALUES_BYTES, VALUES_PER_PACKET
+from bml.protocol import FRAME_BYTES, VALUES_BYTES, VALUES_PER_PACKET
 
 TCP_IP_ETH_OVERHEAD = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps
 
