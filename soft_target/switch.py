@@ -15,6 +15,7 @@ import queue
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Callable
@@ -27,18 +28,42 @@ log = logging.getLogger("bml-switch")
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 0x10
+TP_STATUS_VLAN_TPID_VALID = 0x40
+ETH_P_8021Q = 0x8100
+_AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
+_AUXDATA_SPACE = socket.CMSG_SPACE(_AUXDATA.size)
 SOCKET_BUFFER = 8 << 20
 MAX_FRAME = 9216
 
 
 def open_port(interface: str) -> socket.socket:
-    """A raw socket on ``interface`` that sees only frames arriving from the link."""
+    """A raw socket on ``interface`` that sees only frames arriving from the link, with the
+    VLAN tag the kernel may strip reported beside each frame (see ``receive_frame``)."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
     force_buffers(sock, SOCKET_BUFFER)
     sock.bind((interface, 0))
     sock.setblocking(False)
     return sock
+
+
+def receive_frame(sock: socket.socket, buffer: bytearray) -> bytes:
+    """One frame as it was on the wire. With VLAN offload (veths have it) the kernel takes an
+    802.1Q tag out of the frame and reports it beside; it goes back in here, as libpcap does
+    for BMv2, or the pipeline would look inside a tagged frame that BMv2 never parses."""
+    size, ancillary, _flags, _address = sock.recvmsg_into([buffer], _AUXDATA_SPACE)
+    frame = bytes(memoryview(buffer)[:size])
+    for level, kind, data in ancillary:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= _AUXDATA.size:
+            status, _len, _snap, _mac, _net, tci, tpid = _AUXDATA.unpack_from(data)
+            if status & TP_STATUS_VLAN_VALID or tci:
+                if not status & TP_STATUS_VLAN_TPID_VALID:
+                    tpid = ETH_P_8021Q
+                frame = b"".join((frame[:12], struct.pack("!HH", tpid, tci), frame[12:]))
+    return frame
 
 
 class SoftSwitch:
@@ -79,7 +104,6 @@ class SoftSwitch:
         for fd in self.port_of_fd:
             poller.register(fd, select.EPOLLIN)
         buffer = bytearray(MAX_FRAME)
-        view = memoryview(buffer)
         process = self.pipeline.process
         transmit = self.transmit
         port_of_fd = self.port_of_fd
@@ -91,17 +115,17 @@ class SoftSwitch:
                     process = self.pipeline.process
                     continue
                 port = port_of_fd[fd]
-                recv_into = sockets[port].recv_into
+                sock = sockets[port]
                 for _ in range(64):  # bounded burst per port keeps the ports fair
                     try:
-                        size = recv_into(buffer)
+                        frame = receive_frame(sock, buffer)
                     except BlockingIOError:
                         break
                     except OSError as exc:
                         if exc.errno == errno.ENETDOWN:
                             break
                         raise
-                    out = process(port, bytes(view[:size]))
+                    out = process(port, frame)
                     if out:
                         transmit(out)
 
