@@ -26,6 +26,7 @@ from scapy.packet import Packet, bind_layers
 BML_UDP_PORT = 47000  # switch side: aggregation packets are addressed to this UDP port
 JOB_UDP_PORT_BASE = 40000  # host side: workers of job J bind JOB_UDP_PORT_BASE + J
 MAX_JOB_ID = 4095  # keeps job ports below BML_UDP_PORT
+MESH_TCP_PORT_BASE = 48000  # host side: job J's workers listen for their neighbours here + J
 POOL_SLOTS = 4096  # aggregation slots per switch, shared out among jobs by the control plane
 LANES_PER_BLOCK = 32
 VALUES_PER_PACKET = 2 * LANES_PER_BLOCK  # int32 values carried by every aggregation packet
@@ -78,6 +79,7 @@ class DropReason(enum.IntEnum):
     FORGED_CONTROL = 8
     NO_ROUTE = 9
     STALE = 10  # a contribution whose offset is not the one the slot copy holds
+    BAD_LENGTH = 11  # IPv4, UDP or frame length is not a full aggregation packet's
 
 
 STATS_SIZE = 8  # sizes of the counter arrays (>= number of enum members)
@@ -176,3 +178,8 @@ def unpack_header(payload: bytes | memoryview) -> tuple[int, ...]:
 def job_udp_port(job_id: int) -> int:
     """The UDP port every worker of a job binds, so multicast results reach all of them."""
     return JOB_UDP_PORT_BASE + job_id
+
+
+def mesh_tcp_port(job_id: int) -> int:
+    """The TCP port a job's workers listen on for their BCube neighbours (host-to-host)."""
+    return MESH_TCP_PORT_BASE + job_id

@@ -67,6 +67,17 @@ def _mac(kind: int, level: int, number: int) -> str:
     return f"02:b1:{kind:02x}:{level:02x}:{number >> 8:02x}:{number & 0xFF:02x}"
 
 
+def server_of_ip(ip: str) -> tuple[int, int]:
+    """(server, level) of a server NIC's address: the inverse of ``Nic.ip``."""
+    try:
+        a, b, c, d = (int(x) for x in ip.split("."))
+    except ValueError:
+        raise TopologyError(f"{ip!r} is not an IPv4 address") from None
+    if a != 10 or b < 1 or c == 255 or d < 1:
+        raise TopologyError(f"{ip} is not a server address of the plan 10.(level+1).x.y")
+    return c * 250 + d - 1, b - 1
+
+
 def mac_to_int(mac: str) -> int:
     return int(mac.replace(":", ""), 16)
 

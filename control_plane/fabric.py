@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bml.schedule import DEFAULT_WINDOW
 from bml.topology import Topology
-from control_plane.jobs import JobError, JobPlan, plan_job
+from control_plane.jobs import JobError, JobPlan, plan_job, plan_scheduled_job
 from control_plane.provision import install_group, provision_switch, remove_group, sessions
 
 WRITER_ELECTION = (0, 2)
@@ -68,8 +69,26 @@ class Fabric:
 
     def add_job(self, job_id: int, servers: list[int], level: int = 0, pool_size: int = 512,
                 result_mode: int = 0) -> JobPlan:
+        """A single-level job: the servers' level-``level`` switches aggregate."""
         existing = [g for plan in self.plans() for g in plan.groups]
-        plan = plan_job(self.topo, job_id, servers, level, pool_size, existing, result_mode)
+        return self._install(plan_job(self.topo, job_id, servers, level, pool_size, existing,
+                                      result_mode))
+
+    def add_scheduled_job(self, job_id: int, schedule: str = "auto",
+                          pool_size: int = DEFAULT_WINDOW) -> JobPlan:
+        """A job over every server, run by a schedule on all NICs (``plan_scheduled_job``)."""
+        existing = [g for plan in self.plans() for g in plan.groups]
+        return self._install(plan_scheduled_job(self.topo, job_id, schedule, pool_size,
+                                                existing))
+
+    def job(self, job_id: int) -> JobPlan | None:
+        data = self.jobs.get(str(job_id))
+        return JobPlan.from_json(data) if data else None
+
+    def _install(self, plan: JobPlan) -> JobPlan:
+        if str(plan.job_id) in self.jobs:
+            raise JobError(f"job {plan.job_id} is already set up")
+        job_id = plan.job_id
         with sessions(self.addresses([g.switch for g in plan.groups]),
                       WRITER_ELECTION) as opened:
             for group in plan.groups:

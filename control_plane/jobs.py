@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from bml.protocol import MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
+from bml.schedule import (
+    DEFAULT_WINDOW,
+    MAX_SCHEDULED_JOB,
+    SCHEDULES,
+    ScheduleError,
+    make_schedule,
+    stripe_job_id,
+    switch_modes,
+)
 from bml.topology import Topology, TopologyError
 
 DEFAULT_POOL_SIZE = 512
@@ -48,17 +57,19 @@ class AggregationGroup:
 class JobPlan:
     job_id: int
     servers: tuple[int, ...]
-    level: int
+    level: int  # the one aggregating level of a single-level job; -1 for a scheduled job
     groups: list[AggregationGroup] = field(default_factory=list)
+    schedule: str | None = None  # a scheduled job's default schedule (auto or a name)
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "servers": list(self.servers), "level": self.level,
-                "groups": [g.to_json() for g in self.groups]}
+                "groups": [g.to_json() for g in self.groups], "schedule": self.schedule}
 
     @classmethod
     def from_json(cls, data: dict) -> JobPlan:
         return cls(data["job_id"], tuple(data["servers"]), data["level"],
-                   [AggregationGroup.from_json(g) for g in data["groups"]])
+                   [AggregationGroup.from_json(g) for g in data["groups"]],
+                   data.get("schedule"))
 
 
 def allocate_pool(size: int, taken: list[AggregationGroup]) -> int:
@@ -113,4 +124,53 @@ def plan_job(topology: Topology, job_id: int, servers: list[int], level: int = 0
         base = allocate_pool(pool_size, taken)
         plan.groups.append(AggregationGroup(switch, job_id, members, result_mode, base,
                                             pool_size))
+    return plan
+
+
+AUTO = "auto"
+
+
+def plan_scheduled_job(topology: Topology, job_id: int, schedule: str = AUTO,
+                       pool_size: int = DEFAULT_WINDOW,
+                       existing: list[AggregationGroup] | None = None) -> JobPlan:
+    """A job over every server of the topology, run by a schedule on all NICs.
+
+    Every switch gets one group per stripe (switch job id ``stripe_job_id(job, p)``): results
+    to the chunk's owner where the stripe reduce-scatters on that level, to all where it
+    allreduces (``bml.schedule.switch_modes``). Those entries serve the in-network and the
+    mixed schedule alike and host-based needs none, so the schedule the workers run (the
+    job's default, recorded here, or their own ``--schedule``) needs no other set-up."""
+    existing = existing or []
+    if not 1 <= job_id <= MAX_SCHEDULED_JOB:
+        raise JobError(f"a scheduled job's id must be 1..{MAX_SCHEDULED_JOB} (got {job_id}): "
+                       "each of its stripes takes a switch job id of its own")
+    if schedule != AUTO and schedule not in SCHEDULES:
+        raise JobError(f"unknown schedule {schedule!r}: auto, {', '.join(SCHEDULES)}")
+    if schedule != AUTO:
+        try:
+            make_schedule(topology, schedule)
+        except ScheduleError as exc:
+            raise JobError(str(exc)) from None
+    taken_ids = {g.job_id for g in existing}
+    ids = {stripe_job_id(job_id, p) for p in range(topology.k)}
+    if taken_ids & ids:
+        raise JobError(f"job {job_id} is already set up (switch job ids {sorted(taken_ids & ids)}"
+                       " are taken)")
+    if topology.n > MAX_WORKERS:
+        raise JobError(f"{topology.n} servers per switch; a slot's bitmap holds {MAX_WORKERS}")
+    plan = JobPlan(job_id, tuple(range(topology.num_servers)), -1, schedule=schedule)
+    modes = switch_modes(topology)
+    planned: list[AggregationGroup] = []
+    for sw in topology.switches:
+        for p in range(topology.k):
+            members = {topology.digits(server)[sw.level]: port
+                       for server, port in zip(sw.servers, sw.ports, strict=True)}
+            mode = (ResultMode.TO_OWNER if modes[(p, sw.level)] == "owner"
+                    else ResultMode.MULTICAST)
+            taken = [g for g in existing + planned if g.switch == sw.name]
+            base = allocate_pool(pool_size, taken)
+            group = AggregationGroup(sw.name, stripe_job_id(job_id, p), members, mode, base,
+                                     pool_size)
+            planned.append(group)
+    plan.groups = planned
     return plan

@@ -19,13 +19,14 @@ from hosts.quantize import block_exponents, error_bound
 
 @dataclass(frozen=True)
 class Push:
-    """One worker's push: on ``server``, as ``rank``, through ``interface``. A ``None``
-    gradient writes no input file (to see the error for a missing one)."""
+    """One worker's push: on ``server``, as ``rank``, through ``interface`` (None: every NIC
+    of the server, the job's schedule). A ``None`` gradient writes no input file (to see the
+    error for a missing one)."""
 
     server: int
     rank: int
     gradient: np.ndarray | None
-    interface: str = "eth0"
+    interface: str | None = "eth0"
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,18 @@ def run_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | 
     running then is killed and reported as failed)."""
     processes = []
     for push in pushes:
-        source = workdir / f"grad-j{job}-h{push.server}-{push.interface}.npy"
-        output = workdir / f"sum-j{job}-h{push.server}-{push.interface}.npy"
+        nics = push.interface or "all"
+        source = workdir / f"grad-j{job}-h{push.server}-{nics}.npy"
+        output = workdir / f"sum-j{job}-h{push.server}-{nics}.npy"
         output.unlink(missing_ok=True)
         if push.gradient is not None:
             np.save(source, push.gradient)
         command = ["ip", "netns", "exec", state.namespace_of(push.server), sys.executable,
                    "-m", "hosts.cli", "push", "--in", str(source), "--out", str(output),
                    "--job", str(job), "--rank", str(push.rank),
-                   "--world", str(world or len(pushes)), "--interface", push.interface,
+                   "--world", str(world or len(pushes)),
+                   *(["--interface", push.interface] if push.interface else
+                     ["--fabric", str(state.run_dir / "fabric.json")]),
                    *(extra or [])]
         processes.append((output, subprocess.Popen(command, stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, text=True,

@@ -1,4 +1,10 @@
-"""The Python API: ``allreduce(array, ...)`` sums an array over a job's workers in the switch."""
+"""The Python API: ``allreduce(array, ...)`` sums an array over a job's workers.
+
+By default a worker uses every NIC of its server: it finds its NICs, switches, server number
+and the topology itself (``hosts/discovery.py``) and runs the job's schedule with the BCube
+executor (``hosts/engine.py``). Given ``interface``, it uses that one NIC and its switch only
+(a single-level job, ``hosts/transport.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,19 @@ import subprocess
 
 import numpy as np
 
+from bml.cost_model import choose
+from bml.schedule import SCHEDULES, Schedule, ScheduleError, make_schedule
+from bml.topology import Topology
+from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
+from hosts.engine import Engine, EngineStats
 from hosts.quantize import GradientError, check_finite
 from hosts.transport import AggregationTransport, Stats, TransportError
 
-__all__ = ["GradientError", "TransportError", "Worker", "allreduce", "interface_addresses"]
+__all__ = ["GradientError", "TransportError", "Worker", "allreduce", "interface_addresses",
+           "resolve_schedule"]
+
+AUTO = "auto"
+PLAN_ELEMENTS = 1 << 22  # the gradient size "auto" plans for (the choice hardly depends on it)
 
 
 def interface_addresses(interface: str) -> tuple[str, str]:
@@ -33,33 +48,108 @@ def interface_addresses(interface: str) -> tuple[str, str]:
     return match.group(1), switches[0]
 
 
-class Worker:
-    """A worker of one job on one switch; keep it to run many allreduce calls."""
+def resolve_schedule(topology: Topology, name: str | None, job: int,
+                     fabric: str | None = None) -> Schedule:
+    """The schedule to run: ``name``, or (None) the one the job was set up with when the
+    fabric file can be read here, else what the planner picks (``auto``)."""
+    if name is None and fabric:
+        from control_plane.fabric import Fabric  # only where the control plane's file is
 
-    def __init__(self, job: int, rank: int, world: int, interface: str = "eth0",
-                 switch: str | None = None, local_ip: str | None = None, window: int = 256,
-                 timeout: float = 60.0, start_timeout: float = 10.0) -> None:
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in 0..{world - 1}")
-        if local_ip is None or switch is None:
-            own, behind = interface_addresses(interface)
-            local_ip = local_ip or own
-            switch = switch or behind
-        self.transport = AggregationTransport(job, rank, world, local_ip, switch, window,
-                                              timeout, start_timeout)
-        self.last_stats = Stats()
+        try:
+            plan = Fabric.load(fabric).job(job)
+        except (OSError, ValueError):
+            plan = None
+        name = plan.schedule if plan is not None else None
+    name = name or AUTO
+    if name == AUTO:
+        return choose(topology, PLAN_ELEMENTS)
+    try:
+        return make_schedule(topology, name)
+    except ScheduleError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Worker:
+    """A worker of one job; keep it to run many allreduce calls.
+
+    Without ``interface``: every NIC of this server, the job's schedule (``schedule`` =
+    auto, in-network, host-based or mixed overrides it); ``rank`` and ``world``, if given,
+    must be this server's number and the topology's server count. With ``interface``: that
+    NIC's switch only, as worker ``rank`` of ``world``."""
+
+    def __init__(self, job: int, rank: int | None = None, world: int | None = None,
+                 interface: str | None = None, switch: str | None = None,
+                 local_ip: str | None = None, window: int = 256, timeout: float = 60.0,
+                 start_timeout: float = 10.0, schedule: str | None = None,
+                 fabric: str | None = None) -> None:
+        self.schedule: Schedule | None = None
+        self.engine: Engine | None = None
+        self.transport: AggregationTransport | None = None
+        self.interfaces: list[str] = []
+        if interface is not None or switch is not None or local_ip is not None:
+            if rank is None or world is None:
+                raise ValueError("one NIC (--interface) needs --rank and --world")
+            if not 0 <= rank < world:
+                raise ValueError(f"rank {rank} is not in 0..{world - 1}")
+            interface = interface or "eth0"
+            if local_ip is None or switch is None:
+                own, behind = interface_addresses(interface)
+                local_ip = local_ip or own
+                switch = switch or behind
+            self.transport = AggregationTransport(job, rank, world, local_ip, switch, window,
+                                                  timeout, start_timeout)
+            self.interfaces = [interface]
+        else:
+            if schedule is not None and schedule not in (AUTO, *SCHEDULES):
+                raise ValueError(f"unknown schedule {schedule!r}: {AUTO}, "
+                                 f"{', '.join(SCHEDULES)}")
+            try:
+                nics = local_nics()
+                server, topology = locate(nics)
+            except DiscoveryError as exc:
+                raise TransportError(str(exc)) from None
+            if world is not None and world != topology.num_servers:
+                raise ValueError(f"--world {world}, but this server is in {topology.spec} with "
+                                 f"{topology.num_servers} servers: a job on all NICs runs on "
+                                 "every server")
+            if rank is not None and rank != server:
+                raise ValueError(f"--rank {rank}, but this is server {server} of "
+                                 f"{topology.spec}")
+            self.schedule = resolve_schedule(topology, schedule, job, fabric)
+            self.interfaces = [nic.interface for nic in nics]
+            self.engine = Engine(job, server, topology, self.schedule,
+                                 [(nic.ip, nic.switch_ip) for nic in nics], window, timeout,
+                                 start_timeout)
+        self.last_stats: Stats | EngineStats = Stats()
+        self.last_nic_bytes: list[tuple[int, int]] = []
+
+    @property
+    def schedule_name(self) -> str:
+        return self.schedule.name if self.schedule is not None else "single-switch"
 
     def allreduce(self, array: np.ndarray, progress=None) -> np.ndarray:
         values = np.asarray(array)
         if values.dtype.kind not in "fiu":
             raise GradientError(f"gradient must be numeric, not {values.dtype}")
+        if values.size == 0:
+            raise GradientError("gradient is empty: nothing to sum")
         values = values.astype(np.float32, copy=False)
         check_finite(values)
-        result, self.last_stats = self.transport.allreduce(values, progress)
+        before = nic_counters(self.interfaces)
+        if self.engine is not None:
+            result, self.last_stats = self.engine.allreduce(values, progress)
+        else:
+            result, self.last_stats = self.transport.allreduce(values, progress)
+        after = nic_counters(self.interfaces)
+        self.last_nic_bytes = [(tx1 - tx0, rx1 - rx0)
+                               for (tx0, rx0), (tx1, rx1) in zip(before, after, strict=True)]
         return result.reshape(values.shape)
 
     def close(self) -> None:
-        self.transport.close()
+        if self.engine is not None:
+            self.engine.close()
+        if self.transport is not None:
+            self.transport.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -68,8 +158,9 @@ class Worker:
         self.close()
 
 
-def allreduce(array: np.ndarray, job: int, rank: int, world: int, interface: str = "eth0",
-              switch: str | None = None, **options) -> np.ndarray:
-    """Sum ``array`` over the ``world`` workers of ``job``; float32, same shape."""
+def allreduce(array: np.ndarray, job: int, rank: int | None = None, world: int | None = None,
+              interface: str | None = None, switch: str | None = None,
+              **options) -> np.ndarray:
+    """Sum ``array`` over the workers of ``job``; float32, same shape (see ``Worker``)."""
     with Worker(job, rank, world, interface, switch, **options) as worker:
         return worker.allreduce(array)

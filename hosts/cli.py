@@ -1,15 +1,18 @@
-"""``bml-host``: push a gradient file through the switch and write the sum."""
+"""``bml-host``: push a gradient file through the switches and write the sum."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from bml.protocol import FRAME_BYTES, VALUES_PER_PACKET
-from hosts.api import GradientError, TransportError, Worker
+from bml.protocol import VALUES_PER_PACKET
+from bml.schedule import SCHEDULES
+from hosts.api import AUTO, GradientError, TransportError, Worker
+from hosts.engine import EngineStats
 
 
 def load_gradient(path: Path) -> np.ndarray:
@@ -45,10 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--in", dest="input", type=Path, required=True, help="gradient .npy")
     push.add_argument("--out", type=Path, required=True, help="where to write the sum (.npy)")
     push.add_argument("--job", type=int, required=True)
-    push.add_argument("--rank", type=int, required=True)
-    push.add_argument("--world", type=int, required=True, help="number of workers")
-    push.add_argument("--interface", default="eth0", help="NIC to use (default eth0)")
-    push.add_argument("--switch", help="switch address (default: found on the interface)")
+    push.add_argument("--rank", type=int, help="this worker's rank (all NICs: the server's "
+                      "number, checked; one NIC: required)")
+    push.add_argument("--world", type=int, help="number of workers (checked against the "
+                      "topology on all NICs; required with --interface)")
+    push.add_argument("--schedule", choices=[AUTO, *SCHEDULES],
+                      help="all NICs: the schedule to run (default: the job's, else auto)")
+    push.add_argument("--fabric", default=os.environ.get("BML_FABRIC"),
+                      help="fabric file to read the job's schedule from (default $BML_FABRIC)")
+    push.add_argument("--interface", help="use this one NIC and its switch only (a job set "
+                      "up on one level); default: every NIC")
+    push.add_argument("--switch", help="with --interface: the switch address (default: "
+                      "found on the interface)")
     push.add_argument("--window", type=int, default=256, help="slots in flight")
     push.add_argument("--timeout", type=float, default=60.0, help="bound on the whole push (s)")
     push.add_argument("--start-timeout", type=float, default=10.0,
@@ -58,19 +69,27 @@ def main(argv: list[str] | None = None) -> int:
         gradient = load_gradient(args.input)
         with Worker(args.job, args.rank, args.world, args.interface, args.switch,
                     window=args.window, timeout=args.timeout,
-                    start_timeout=args.start_timeout) as worker:
+                    start_timeout=args.start_timeout, schedule=args.schedule,
+                    fabric=args.fabric) as worker:
             total = worker.allreduce(gradient, ProgressBar(sys.stderr.isatty()))
             stats = worker.last_stats
+            nic_bytes = " ".join(f"{name}:{tx}/{rx}" for name, (tx, rx)
+                                 in zip(worker.interfaces, worker.last_nic_bytes, strict=True))
+            schedule = worker.schedule_name
+            rank = args.rank if worker.engine is None else worker.engine.server
         np.save(args.out, total)
     except (GradientError, TransportError, ValueError) as exc:
         print(f"bml-host: error: {exc}", file=sys.stderr)
         return 2
     goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
-    wire = 8 * stats.packets_sent * FRAME_BYTES / max(stats.seconds, 1e-9) / 1e6
-    print(f"bml-host: job={args.job} rank={args.rank} elements={gradient.size} "
-          f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s wire={wire:.1f}Mbit/s "
-          f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET} "
-          f"retransmissions={stats.retransmissions}")
+    if isinstance(stats, EngineStats):
+        counts = f"frames={stats.frames_sent} repairs={stats.repairs_asked}"
+    else:
+        counts = f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET}"
+    print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "
+          f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s {counts} "
+          f"retransmissions={stats.retransmissions} schedule={schedule} "
+          f"nic_bytes(tx/rx)={nic_bytes}")
     return 0
 
 

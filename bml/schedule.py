@@ -1,0 +1,336 @@
+"""Synchronisation schedules as data: per stripe, the ordered steps every server runs.
+
+A gradient of L float32 values is cut into B = ceil(L / 64) blocks of 64 (one aggregation
+packet each, with one block exponent). On BCube(n, k) the blocks are cut into k stripes; stripe
+p visits the dimensions p, p+1, ... (mod k), so at every step each NIC carries one stripe.
+A step is (dimension, operation, switch share):
+
+* reduce-scatter (RS) on dimension d: the n servers of a level-d switch each end up owning the
+  sum of one n-th of the piece they hold (part i goes to the server whose digit d is i).
+  In the switch every server sends the whole piece up and the switch sends each part's sum to
+  its owner only (a header-only ACK to the others); host-based each server sends part i to its
+  owner over TCP and adds up what the others send it.
+* allreduce (AR), in the switch only, on the last dimension: up the piece, down its sum.
+* all-gather (AG), back through the RS dimensions: each server's reduced part goes to the n-1
+  others. In the switch a NIC sends it once as a BROADCAST; host-based, once per peer.
+
+``switch_share`` is the share of a step's blocks that goes through the switch (1: in-network,
+0: host-based, between: the mixed schedule's first reduce-scatter). The executors
+(``hosts/engine.py``), the cost model, the planner and the benchmarks all read these
+descriptions and the block layout below; ``traffic`` derives from them the frames and bytes
+each NIC sends and receives, which is what the cost model prices.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from bml.topology import Topology
+
+IN_NETWORK = "in-network"
+HOST_BASED = "host-based"
+MIXED = "mixed"
+SCHEDULES = (IN_NETWORK, HOST_BASED, MIXED)
+
+STRIPE_JOB_STRIDE = 512  # switch job id of stripe p of job J: J + p * STRIPE_JOB_STRIDE
+MAX_SCHEDULED_JOB = STRIPE_JOB_STRIDE - 1
+MAX_STRIPES = 8  # keeps every stripe's switch job id within the protocol's 12 bits
+
+BLOCK_VALUES = 64  # = bml.protocol.VALUES_PER_PACKET (checked in tests)
+BLOCK_BYTES = 4 * BLOCK_VALUES
+MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each range's start
+MESSAGE_HEADER_BYTES = 16
+EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
+DEFAULT_WINDOW = 256  # slots in flight per switch channel
+
+Range = tuple[int, int]  # [start, stop) in blocks
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+class Op(enum.Enum):
+    RS = "reduce-scatter"
+    AR = "allreduce"
+    AG = "all-gather"
+
+
+@dataclass(frozen=True)
+class Step:
+    dim: int
+    op: Op
+    switch_share: Fraction = Fraction(1)
+
+    @property
+    def where(self) -> str:
+        if self.switch_share == 1:
+            return "switch"
+        if self.switch_share == 0:
+            return "hosts"
+        return f"{self.switch_share} switch"
+
+    def __str__(self) -> str:
+        return f"{self.op.name}(d{self.dim}, {self.where})"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    topology: Topology
+    stripes: tuple[tuple[Step, ...], ...]
+    alpha: Fraction = Fraction(1)  # the mixed schedule's switch share of its first RS
+
+    @property
+    def code(self) -> str:
+        """What workers compare to be sure they run the same schedule."""
+        return f"{self.name}:{self.alpha}:{self.topology.spec}"
+
+    def rs_dims(self, stripe: int) -> list[int]:
+        return [s.dim for s in self.stripes[stripe] if s.op is Op.RS]
+
+    def uses_switch(self) -> bool:
+        return any(s.switch_share > 0 for steps in self.stripes for s in steps)
+
+    def describe(self) -> list[str]:
+        return [f"stripe {p}: " + " -> ".join(map(str, steps))
+                for p, steps in enumerate(self.stripes)]
+
+
+def balanced_alpha(topology: Topology) -> Fraction:
+    """The mixed schedule's switch share of the first RS that makes a NIC's up and down
+    payload equal (DESIGN.md: 1/2 on BCube(3,2)), clamped to [0, 1].
+
+    In-network a NIC carries up U = 1 + 2T and down D = 1 + T (units of a stripe, T =
+    sum_{j=1}^{k-1} n^-j). Moving a share 1 - a of the first RS to the hosts lowers up by
+    (1 - a)/n and raises down by (1 - a)(n - 2)/n; they meet at a = 1 - T n / (n - 1)."""
+    n, k = topology.n, topology.k
+    tail = sum(Fraction(1, n ** j) for j in range(1, k))
+    alpha = 1 - tail * n / (n - 1)
+    return min(Fraction(1), max(Fraction(0), alpha))
+
+
+def make_schedule(topology: Topology, name: str, alpha: Fraction | None = None) -> Schedule:
+    """The schedule ``name`` (in-network, host-based, mixed) on ``topology``."""
+    k = topology.k
+    if k > MAX_STRIPES:
+        raise ScheduleError(f"at most {MAX_STRIPES} levels (got k={k})")
+    stripes = []
+    if name == MIXED:
+        if k < 2:
+            raise ScheduleError("the mixed schedule needs a BCube with k >= 2 levels; "
+                                f"{topology.spec} has one")
+        alpha = balanced_alpha(topology) if alpha is None else Fraction(alpha)
+        if not 0 <= alpha <= 1:
+            raise ScheduleError(f"mixed share must be within [0, 1] (got {alpha})")
+    elif name in (IN_NETWORK, HOST_BASED):
+        alpha = Fraction(1) if name == IN_NETWORK else Fraction(0)
+    else:
+        raise ScheduleError(f"unknown schedule {name!r}: one of {', '.join(SCHEDULES)}")
+    for p in range(k):
+        dims = [(p + j) % k for j in range(k)]
+        if name == HOST_BASED:
+            steps = [Step(d, Op.RS, Fraction(0)) for d in dims]
+            steps += [Step(d, Op.AG, Fraction(0)) for d in reversed(dims)]
+        else:
+            steps = [Step(d, Op.RS) for d in dims[:-1]] + [Step(dims[-1], Op.AR)]
+            steps += [Step(d, Op.AG) for d in reversed(dims[:-1])]
+            if name == MIXED:
+                steps[0] = Step(dims[0], Op.RS, alpha)
+        stripes.append(tuple(steps))
+    return Schedule(name, topology, tuple(stripes), alpha)
+
+
+def stripe_job_id(job: int, stripe: int) -> int:
+    """The switch job id that carries stripe ``stripe`` of job ``job``."""
+    return job + stripe * STRIPE_JOB_STRIDE
+
+
+def switch_modes(topology: Topology) -> dict[tuple[int, int], str]:
+    """(stripe, level) -> "owner" or "multicast": what each level's switches do for each stripe
+    in the in-network and mixed schedules (RS results to the chunk's owner, AR results to all).
+    The same entries serve both, and host-based needs none, so job set-up does not depend on
+    which schedule the workers run."""
+    k = topology.k
+    return {(p, level): ("owner" if (level - p) % k < k - 1 else "multicast")
+            for p in range(k) for level in range(k)}
+
+
+# --- block layout -------------------------------------------------------------------------
+
+def split(span: Range, parts: int) -> list[Range]:
+    """``span`` cut into ``parts`` contiguous ranges; the first len % parts are one longer."""
+    start, stop = span
+    size, extra = divmod(stop - start, parts)
+    out = []
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def share_split(span: Range, share: Fraction) -> tuple[Range, Range]:
+    """(switch part, host part) of a range: the first round(share * len) blocks go through the
+    switch."""
+    start, stop = span
+    cut = start + round(share * (stop - start))
+    return (start, cut), (cut, stop)
+
+
+def length(span: Range) -> int:
+    return span[1] - span[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which blocks each server holds, sends and owns at every step of every stripe."""
+
+    schedule: Schedule
+    blocks: int
+
+    @property
+    def topology(self) -> Topology:
+        return self.schedule.topology
+
+    def stripe(self, p: int) -> Range:
+        return split((0, self.blocks), self.topology.k)[p]
+
+    def pieces(self, p: int, server: int) -> list[Range]:
+        """piece[0] = the stripe; piece[j+1] = the part of piece[j] this server owns after the
+        stripe's j-th reduce-scatter."""
+        digits = self.topology.digits(server)
+        out = [self.stripe(p)]
+        for dim in self.schedule.rs_dims(p):
+            out.append(split(out[-1], self.topology.n)[digits[dim]])
+        return out
+
+    def rs_parts(self, p: int, j: int, server: int) -> list[tuple[Range, Range]]:
+        """Per owner digit i, the (switch, host) ranges of piece[j] at the stripe's j-th RS."""
+        step = self.rs_step(p, j)
+        piece = self.pieces(p, server)[j]
+        return [share_split(part, step.switch_share)
+                for part in split(piece, self.topology.n)]
+
+    def rs_step(self, p: int, j: int) -> Step:
+        return [s for s in self.schedule.stripes[p] if s.op is Op.RS][j]
+
+
+# --- traffic ------------------------------------------------------------------------------
+
+@dataclass
+class Direction:
+    frames: int = 0  # full aggregation frames (64 values)
+    acks: int = 0  # header-only aggregation frames
+    stream: int = 0  # gradient bytes sent host to host (TCP)
+    stream_overhead: int = 0  # message headers and the exponent exchange (TCP)
+
+    def add(self, other: Direction) -> None:
+        self.frames += other.frames
+        self.acks += other.acks
+        self.stream += other.stream
+        self.stream_overhead += other.stream_overhead
+
+    def payload_blocks(self) -> Fraction:
+        """Gradient payload in blocks, headers left out (the DESIGN.md unit)."""
+        return self.frames + Fraction(self.stream, BLOCK_BYTES)
+
+
+@dataclass
+class NicTraffic:
+    up: Direction = field(default_factory=Direction)
+    down: Direction = field(default_factory=Direction)
+
+
+def _messages(span_blocks: int) -> int:
+    return -(-span_blocks // MESSAGE_BLOCKS)
+
+
+def _send(direction: Direction, span_blocks: int, times: int = 1) -> None:
+    """Count one range sent host to host as messages, ``times`` over."""
+    direction.stream += times * span_blocks * BLOCK_BYTES
+    direction.stream_overhead += times * _messages(span_blocks) * MESSAGE_HEADER_BYTES
+
+
+def flushes(channel_blocks: int, window: int) -> int:
+    """Zero 'flush' uses a switch channel adds so that every slot ends with an even number of
+    uses (the next call starts on copy 0)."""
+    return sum((-(-(channel_blocks - s) // window)) & 1
+               for s in range(min(window, channel_blocks)))
+
+
+def traffic(layout: Layout, server: int, window: int | None = DEFAULT_WINDOW,
+            exponents: bool = True) -> list[NicTraffic]:
+    """What each NIC of ``server`` sends (up) and receives (down) to run the schedule, as the
+    executors do it. ``window=None`` leaves the flush uses out, ``exponents=False`` the
+    exponent exchange: both are overheads of this implementation, not of the schedule."""
+    topo, schedule = layout.topology, layout.schedule
+    n = topo.n
+    nics = [NicTraffic() for _ in range(topo.k)]
+    me = topo.digits(server)
+    for p, steps in enumerate(schedule.stripes):
+        pieces = layout.pieces(p, server)
+        rs_index = {dim: j for j, dim in enumerate(schedule.rs_dims(p))}
+        for step in steps:
+            nic = nics[step.dim]
+            mine = me[step.dim]
+            if step.op is Op.RS:
+                j = rs_index[step.dim]
+                parts = layout.rs_parts(p, j, server)
+                switch_blocks = sum(length(sw) for sw, _ in parts)
+                nic.up.frames += switch_blocks
+                nic.down.frames += length(parts[mine][0])
+                nic.down.acks += switch_blocks - length(parts[mine][0])
+                for i, (_, host) in enumerate(parts):
+                    if i != mine:
+                        _send(nic.up, length(host))
+                _send(nic.down, length(parts[mine][1]), n - 1)
+                if window and switch_blocks:
+                    extra = flushes(switch_blocks, window)
+                    nic.up.frames += extra
+                    if mine == 0:  # a flush's "owner" is worker 0
+                        nic.down.frames += extra
+                    else:
+                        nic.down.acks += extra
+            elif step.op is Op.AR:
+                blocks = length(pieces[-1])
+                nic.up.frames += blocks
+                nic.down.frames += blocks
+                if window and blocks:
+                    extra = flushes(blocks, window)
+                    nic.up.frames += extra
+                    nic.down.frames += extra
+            else:  # AG: gather piece[j] from every server's piece[j + 1]
+                j = rs_index[step.dim]
+                own, whole = pieces[j + 1], pieces[j]
+                if step.switch_share:
+                    nic.up.frames += length(own)
+                    nic.down.frames += length(whole) - length(own)
+                else:
+                    others = [r for i, r in enumerate(split(whole, n)) if i != mine]
+                    _send(nic.up, length(own), n - 1)
+                    for r in others:
+                        _send(nic.down, length(r))
+    if exponents:
+        for nic in nics:  # one exchange per dimension, with every neighbour on it
+            nic.up.stream_overhead += (n - 1) * (layout.blocks + EXPONENT_HEADER_BYTES)
+            nic.down.stream_overhead += (n - 1) * (layout.blocks + EXPONENT_HEADER_BYTES)
+    return nics
+
+
+def ideal_cost(schedule: Schedule) -> tuple[Fraction, Fraction]:
+    """(up, down) payload of the busiest NIC in units of a stripe S = G / k, without headers,
+    flushes or exponents: the figures DESIGN.md derives by hand. Computed from ``traffic`` on
+    a block count every split divides exactly."""
+    topo = schedule.topology
+    blocks = topo.k * topo.n ** (topo.k + 1) * schedule.alpha.denominator
+    layout = Layout(schedule, blocks)
+    stripe = Fraction(blocks, topo.k)
+    up = down = Fraction(0)
+    for server in range(topo.num_servers):
+        for nic in traffic(layout, server, window=None, exponents=False):
+            up = max(up, nic.up.payload_blocks() / stripe)
+            down = max(down, nic.down.payload_blocks() / stripe)
+    return up, down

@@ -1,0 +1,741 @@
+"""The BCube executor: one worker drives all k of its NICs at once through a schedule.
+
+A call (``Engine.allreduce``) runs in three phases, all in one event loop over one UDP socket
+per NIC (to the switches) and the TCP mesh to the BCube neighbours (``hosts/mesh.py``):
+
+1. **Exponents.** Every block's max exponent over all N servers, by a max-exchange with the
+   neighbours of each dimension in turn (k rounds); it also checks that every worker has the
+   same gradient length and runs the same schedule, and it is the call's barrier. Every worker
+   then quantises with that global exponent for N contributions, so every partial sum, at any
+   level, is an exact int32 that cannot overflow (``hosts/quantize.py``): relays forward
+   integers and the error bound is the single switch's for N workers.
+2. **Steps, pipelined per block** (``bml/schedule.py``): a block enters a stripe's next step the
+   moment its previous one delivers it. Steps in the switch run as a ``SwitchChannel``: a
+   window of slots of the stripe's switch job, one per (stripe, level), with per-slot timers
+   and retransmission (the switch answers a re-sent contribution with the stored sum).
+   Host-based steps send messages over TCP. All-gather in the switch is a BROADCAST that the
+   switch copies to the other n-1 servers; a copy that was lost is asked for again (NEED)
+   over TCP once its sender said it has broadcast everything (SENT).
+3. **Done.** A worker with the whole result says DONE to every neighbour and ends when every
+   neighbour said DONE to it (so nobody still needs a repair from it) and every switch slot
+   it used is back on copy 0 (an even number of uses: the next call starts clean).
+
+Every wait is bounded (``start_timeout`` for the mesh and the exponent round, ``timeout`` for
+the call), and a neighbour's closed connection ends the call at once with its name.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import select
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bml.protocol import (
+    BML_UDP_PORT,
+    EXPONENT_NONE,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    PAYLOAD_BYTES,
+    VALUES_PER_PACKET,
+    PacketType,
+    job_udp_port,
+)
+from bml.schedule import (
+    MESSAGE_BLOCKS,
+    STRIPE_JOB_STRIDE,
+    Layout,
+    Op,
+    Range,
+    Schedule,
+    length,
+    split,
+    stripe_job_id,
+)
+from bml.topology import Topology
+from hosts.mesh import Kind, Mesh, MeshError, Peer, queue_full
+from hosts.quantize import block_exponents, dequantize, shift
+from hosts.sockets import force_buffers
+from hosts.transport import PRIMING_OFFSET, LengthMismatch, TransportError
+
+_BE = np.dtype(">i4")
+_ZEROS = bytes(4 * VALUES_PER_PACKET)
+_RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
+
+
+@dataclass
+class Rto:
+    """Retransmission timeout from RTT samples (RFC 6298 style, Karn's rule by the caller),
+    doubled after a timeout until a clean sample comes back."""
+
+    floor: float = 0.01
+    cap: float = 5.0
+    srtt: float | None = None
+    rttvar: float = 0.0
+    backoff: int = 1
+
+    @property
+    def value(self) -> float:
+        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
+        return min(self.cap, max(self.floor, base) * self.backoff)
+
+    def sample(self, rtt: float) -> None:
+        self.backoff = 1
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def timed_out(self) -> None:
+        self.backoff = min(self.backoff * 2, 1 << 10)
+
+
+@dataclass
+class EngineStats:
+    seconds: float = 0.0
+    frames_sent: int = 0
+    retransmissions: int = 0
+    broadcasts: int = 0
+    repairs_asked: int = 0
+    stream_bytes: int = 0
+    exponent_seconds: float = 0.0
+
+
+@dataclass
+class NicLink:
+    """One NIC: its UDP socket to its switch and the frames the kernel could not take yet."""
+
+    level: int
+    ip: str
+    switch_ip: str
+    sock: socket.socket
+    outbox: deque = field(default_factory=deque)
+
+    def send(self, frame: bytes) -> None:
+        if not self.outbox:
+            try:
+                self.sock.sendto(frame, (self.switch_ip, BML_UDP_PORT))
+                return
+            except OSError as exc:
+                if not queue_full(exc):
+                    raise TransportError(f"sending on level {self.level}: {exc}") from None
+        self.outbox.append(frame)
+
+    def drain(self) -> None:
+        while self.outbox:
+            try:
+                self.sock.sendto(self.outbox[0], (self.switch_ip, BML_UDP_PORT))
+            except OSError as exc:
+                if queue_full(exc):
+                    return
+                raise TransportError(f"sending on level {self.level}: {exc}") from None
+            self.outbox.popleft()
+
+
+class SwitchChannel:
+    """One stripe's step in one switch: a window of the stripe's switch-job slots.
+
+    Every member sends the same blocks in the same order (block i of ``blocks`` always uses
+    slot i mod W, use i // W), each as soon as it is ready and its slot free, so the members'
+    contributions meet in the same slot copy. ``owners`` says whose each block's sum is
+    (reduce-scatter: the switch sends it to the owner, an ACK to the others); None means all
+    get it (allreduce)."""
+
+    def __init__(self, call: _Call, nic: NicLink, stripe: int, blocks: list[int],
+                 owners: list[int] | None, window: int) -> None:
+        self.call, self.nic, self.stripe = call, nic, stripe
+        self.job = stripe_job_id(call.engine.job, stripe)
+        self.me = call.topology.digits(call.engine.server)[nic.level]
+        self.blocks = blocks
+        self.owners = owners
+        self.count = len(blocks)
+        self.window = max(1, min(window, self.count))
+        self.seq_of = {b: i for i, b in enumerate(blocks)}
+        self.ready_flags = bytearray(self.count)
+        self.next_use = [0] * self.window
+        uses = [-(-(self.count - s) // self.window) for s in range(self.window)]
+        self.total_uses = [u + (u & 1) for u in uses] if self.count else [0] * self.window
+        self.frames: list[bytes | None] = [None] * self.window
+        self.first_sent = [0.0] * self.window
+        self.last_sent = [0.0] * self.window
+        self.retries = [0] * self.window
+        self.open_slots = sum(1 for u in self.total_uses if u)
+        self.name = f"stripe {stripe} on level {nic.level}"
+
+    @property
+    def done(self) -> bool:
+        return self.open_slots == 0
+
+    def ready(self, block: int) -> None:
+        seq = self.seq_of[block]
+        self.ready_flags[seq] = 1
+        slot = seq % self.window
+        if self.frames[slot] is None and self.next_use[slot] * self.window + slot == seq:
+            self._launch(slot, time.monotonic())
+
+    def _launch(self, slot: int, now: float) -> None:
+        use = self.next_use[slot]
+        seq = slot + use * self.window
+        call = self.call
+        if seq < self.count:
+            block = self.blocks[seq]
+            owner = self.owners[seq] if self.owners is not None else 0
+            frame = HEADER_STRUCT.pack(
+                PacketType.DATA, use & 1, self.job, self.me, owner, slot,
+                int(call.exponents[block]), call.valid_count(block), call.tag,
+                block * VALUES_PER_PACKET) + call.acc[block].astype(_BE).tobytes()
+        else:  # flush: every slot ends on an even number of uses
+            frame = HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
+                                       EXPONENT_NONE, 0, call.tag, PRIMING_OFFSET) + _ZEROS
+        self.frames[slot] = frame
+        self.first_sent[slot] = self.last_sent[slot] = now
+        self.retries[slot] = 0
+        self.nic.send(frame)
+        call.stats.frames_sent += 1
+
+    def on_result(self, ptype: int, version: int, slot: int, offset: int, tag: int,
+                  buffer: bytearray, size: int) -> None:
+        if slot >= self.window or self.frames[slot] is None or tag != self.call.tag:
+            return
+        use = self.next_use[slot]
+        if version != use & 1:
+            return
+        seq = slot + use * self.window
+        block = self.blocks[seq] if seq < self.count else -1
+        expected = block * VALUES_PER_PACKET if block >= 0 else PRIMING_OFFSET
+        if offset != expected:
+            return
+        mine = self.owners is None or (block >= 0 and self.owners[seq] == self.me)
+        if block >= 0 and mine and (ptype == PacketType.ACK or size < PAYLOAD_BYTES):
+            return  # the owner needs the values
+        now = time.monotonic()
+        if self.retries[slot] == 0:
+            self.call.rto[self.nic.level].sample(now - self.first_sent[slot])
+        self.frames[slot] = None
+        self.next_use[slot] = use + 1
+        if block >= 0 and mine:
+            values = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
+                                   offset=HEADER_BYTES)
+            self.call.reduced(self.stripe, self.nic.level, block, values)
+        if self.next_use[slot] >= self.total_uses[slot]:
+            self.open_slots -= 1
+            return
+        following = slot + self.next_use[slot] * self.window
+        if following >= self.count or self.ready_flags[following]:
+            self._launch(slot, now)
+
+    def scan(self, now: float) -> bool:
+        """Re-send every slot whose answer is overdue; True if any was."""
+        rto = self.call.rto[self.nic.level]
+        base, cap = rto.value, rto.cap
+        fired = False
+        for slot, frame in enumerate(self.frames):
+            if frame is not None and now - self.last_sent[slot] > min(
+                    cap, base * (1 << min(self.retries[slot], 8))):
+                self.nic.send(frame)
+                self.last_sent[slot] = now
+                self.retries[slot] += 1
+                self.call.stats.retransmissions += 1
+                self.call.stats.frames_sent += 1
+                fired = True
+        return fired
+
+    def waiting(self) -> int:
+        return sum(1 for frame in self.frames if frame is not None)
+
+
+class Engine:
+    """A worker of one job on every NIC of its server; keep it for many calls."""
+
+    def __init__(self, job: int, server: int, topology: Topology, schedule: Schedule,
+                 nics: list[tuple[str, str]], window: int = 256, timeout: float = 60.0,
+                 start_timeout: float = 10.0) -> None:
+        """``nics``: (own address, switch address) per level."""
+        self.job, self.server, self.topology, self.schedule = job, server, topology, schedule
+        self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
+        self.calls = 0
+        self.links: list[NicLink] = []
+        try:
+            for level, (ip, switch_ip) in enumerate(nics):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                force_buffers(sock)
+                try:
+                    sock.bind((ip, job_udp_port(job)))
+                except OSError as exc:
+                    sock.close()
+                    raise TransportError(f"cannot bind {ip}:{job_udp_port(job)} for job "
+                                         f"{job}: {exc}") from None
+                sock.setblocking(False)
+                self.links.append(NicLink(level, ip, switch_ip, sock))
+            try:
+                self.mesh = Mesh(job, server, topology, start_timeout)
+            except MeshError as exc:
+                raise TransportError(str(exc)) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for link in self.links:
+            link.sock.close()
+        self.links = []
+        mesh = getattr(self, "mesh", None)
+        if mesh is not None:
+            mesh.close()
+
+    def allreduce(self, values: np.ndarray,
+                  progress: Callable[[int, int], None] | None = None
+                  ) -> tuple[np.ndarray, EngineStats]:
+        """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats."""
+        self.calls += 1
+        call = _Call(self, np.ascontiguousarray(values, dtype=np.float32).ravel(), progress)
+        try:
+            return call.run()
+        except MeshError as exc:
+            raise TransportError(str(exc)) from None
+
+
+class _Call:
+    """The state of one allreduce: blocks, their stage in each stripe, channels, messages."""
+
+    def __init__(self, engine: Engine, flat: np.ndarray,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.engine = engine
+        self.topology = engine.topology
+        self.schedule = engine.schedule
+        self.flat = flat
+        self.progress = progress
+        self.tag = engine.calls & 0xFF  # in every frame and message of this call
+        self.length = flat.size
+        self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
+        self.stats = EngineStats()
+        self.rto = [Rto() for _ in range(self.topology.k)]
+        self.layout = Layout(self.schedule, self.blocks)
+        me = self.topology.digits(engine.server)
+        self.me = me
+        self.pieces = [self.layout.pieces(p, engine.server) for p in range(self.topology.k)]
+        self.rs_dims = [self.schedule.rs_dims(p) for p in range(self.topology.k)]
+        self.ar_dim = [next((s.dim for s in steps if s.op is Op.AR), None)
+                       for steps in self.schedule.stripes]
+        self.ag_in_switch = [{s.dim: bool(s.switch_share) for s in steps if s.op is Op.AG}
+                             for steps in self.schedule.stripes]
+        self.stripe_starts = [self.layout.stripe(p)[0] for p in range(self.topology.k)]
+
+    # --- helpers ------------------------------------------------------------------------
+    def stripe_of(self, block: int) -> int:
+        return bisect.bisect_right(self.stripe_starts, block) - 1
+
+    def valid_count(self, block: int) -> int:
+        return max(0, min(VALUES_PER_PACKET, self.length - block * VALUES_PER_PACKET))
+
+    def depth(self, stripe: int, block: int) -> int:
+        """The deepest piece of this server that holds ``block``."""
+        depth = 0
+        for j, (start, stop) in enumerate(self.pieces[stripe]):
+            if start <= block < stop:
+                depth = j
+        return depth
+
+    # --- the call -----------------------------------------------------------------------
+    def run(self) -> tuple[np.ndarray, EngineStats]:
+        started = time.monotonic()
+        padded = np.zeros((self.blocks, VALUES_PER_PACKET), dtype=np.float32)
+        padded.reshape(-1)[:self.length] = self.flat
+        self.exponents = self._exchange_exponents(block_exponents(padded))
+        self.stats.exponent_seconds = time.monotonic() - started
+        n_total = self.topology.num_servers
+        scale = shift(self.exponents, n_total)
+        self.acc = np.rint(np.ldexp(padded.astype(np.float64), scale[:, None])).astype(np.int32)
+        self._prepare()
+        self._loop(started)
+        self.stats.seconds = time.monotonic() - started
+        self.stats.stream_bytes = sum(p.sent_bytes for p in self.engine.mesh.all())
+        result = dequantize(self.acc, self.exponents, n_total).reshape(-1)[:self.length]
+        return result, self.stats
+
+    def _exchange_exponents(self, own: np.ndarray) -> np.ndarray:
+        """Max over all N servers, one dimension at a time; also the lengths and schedules
+        every worker has, so that any difference is refused by every worker alike."""
+        exponents = own.astype(np.uint8)
+        lengths = [self.length, self.length]
+        codes = {self.schedule.code}
+        deadline = time.monotonic() + self.engine.timeout
+        for peer in self.engine.mesh.all():
+            peer.done = False
+        for dim in range(self.topology.k):
+            peers = self.engine.mesh.neighbours(dim)
+            head = json.dumps({"lengths": lengths, "codes": sorted(codes)}).encode()
+            for peer in peers:
+                peer.send(Kind.EXPONENTS, self.tag, 0, dim, len(head), exponents.size,
+                          head + exponents.tobytes())
+            got: dict[int, tuple[dict, np.ndarray]] = {}
+            while len(got) < len(peers):
+                self._wait(peers, deadline, f"the exponent exchange on level {dim}",
+                           [p.server for p in peers if p.server not in got])
+                for peer in peers:
+                    if peer.server in got:
+                        continue
+                    for kind, _s, step, start, count, payload in peer.messages(self.tag):
+                        if kind != Kind.EXPONENTS or step != dim:
+                            raise TransportError(f"server {peer.server} sent {Kind(kind).name}"
+                                                 " during the exponent exchange: it runs "
+                                                 "another call or another version")
+                        info = json.loads(bytes(payload[:start]))
+                        got[peer.server] = (info, np.frombuffer(
+                            payload[start:], dtype=np.uint8, count=count).copy())
+                        break
+            for info, their in got.values():
+                lengths = [min(lengths[0], info["lengths"][0]),
+                           max(lengths[1], info["lengths"][1])]
+                codes |= set(info["codes"])
+                if their.size == exponents.size:
+                    exponents = np.maximum(exponents, their)
+        if lengths[0] != lengths[1]:
+            raise LengthMismatch(
+                f"job {self.engine.job}: gradient lengths differ across the "
+                f"{self.topology.num_servers} workers (this worker has {self.length} elements; "
+                f"they range from {lengths[0]} to {lengths[1]}); nothing was summed")
+        if len(codes) > 1:
+            raise TransportError(f"job {self.engine.job}: the workers run different schedules "
+                                 f"({', '.join(sorted(codes))}); give all of them the same "
+                                 "--schedule")
+        return exponents.astype(np.int64)
+
+    def _wait(self, peers: list[Peer], deadline: float, what: str, missing: list[int]) -> None:
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"job {self.engine.job} server {self.engine.server}: no answer in {what} from "
+                f"server(s) {', '.join(map(str, missing))} within {self.engine.timeout:g} s: "
+                "are all the job's workers running?")
+        poll = select.poll()
+        for peer in peers:
+            poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox else 0))
+        for fd, _event in poll.poll(20):
+            del fd
+        for peer in peers:
+            peer.flush()
+            peer.fill()
+            if peer.closed and not peer.inbox:
+                raise TransportError(f"job {self.engine.job}: server {peer.server} (level "
+                                     f"{peer.dim}) closed its connection during {what}: it "
+                                     "stopped")
+
+    # --- set-up of the steps -------------------------------------------------------------
+    def _prepare(self) -> None:
+        topo, engine = self.topology, self.engine
+        self.stage = np.zeros(self.blocks, dtype=np.int8)
+        self.final = np.zeros(self.blocks, dtype=bool)
+        self.finals = 0
+        self.incoming: dict[tuple[int, int], np.ndarray] = {}
+        self.incount: dict[tuple[int, int], np.ndarray] = {}
+        self.channels: dict[tuple[int, int], SwitchChannel] = {}
+        self.route: dict[tuple[int, int], tuple[str, int, Range]] = {}  # (stripe, j) per block
+        self.messages: dict[tuple, int] = {}  # outgoing message -> blocks not yet ready
+        self.ranges: dict[tuple, list[tuple[Range, list[Peer]]]] = {}
+        self.broadcast_left: dict[tuple[int, int], int] = {}
+        self.repairs: dict[tuple[int, int, int], float] = {}
+        self.done_sent = False
+        # Per stripe: which blocks go how at each RS step; channels for switch steps.
+        self.rs_owner: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for p in range(topo.k):
+            for j, dim in enumerate(self.rs_dims[p]):
+                parts = self.layout.rs_parts(p, j, engine.server)
+                owner = np.full(self.blocks, -1, dtype=np.int16)
+                via_switch = np.zeros(self.blocks, dtype=bool)
+                seq, owners = [], []
+                for i, (sw, host) in enumerate(parts):
+                    owner[sw[0]:sw[1]] = i
+                    owner[host[0]:host[1]] = i
+                    via_switch[sw[0]:sw[1]] = True
+                    seq += range(*sw)
+                    owners += [i] * length(sw)
+                self.rs_owner[(p, j)] = (owner, via_switch)
+                if seq:
+                    self.channels[(p, dim)] = SwitchChannel(
+                        self, engine.links[dim], p, seq, owners, engine.window)
+                peers = {s.server: s for s in engine.mesh.neighbours(dim)}
+                outgoing = []
+                for i, (_sw, host) in enumerate(parts):
+                    if i == self.me[dim] or not length(host):
+                        continue
+                    target = topo.server_of(_replace(self.me, dim, i))
+                    outgoing.append((host, [peers[target]]))
+                self.ranges[(Kind.CONTRIB, p, j)] = outgoing
+                mine = parts[self.me[dim]][1]
+                if length(mine):
+                    self.incoming[(p, j)] = np.zeros((self.blocks, VALUES_PER_PACKET),
+                                                     dtype=np.int32)
+                    self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
+            if self.ar_dim[p] is not None:
+                piece = self.pieces[p][-1]
+                if length(piece):
+                    self.channels[(p, self.ar_dim[p])] = SwitchChannel(
+                        self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
+                        engine.window)
+            for j, dim in enumerate(self.rs_dims[p]):
+                own = self.pieces[p][j + 1]
+                if dim not in self.ag_in_switch[p]:
+                    continue
+                if self.ag_in_switch[p][dim]:
+                    self.broadcast_left[(p, j)] = length(own)
+                elif length(own):
+                    self.ranges[(Kind.FINAL, p, j)] = [(own, engine.mesh.neighbours(dim))]
+        for key, ranges in self.ranges.items():
+            for (start, stop), _peers in ranges:
+                for first in range(start, stop, MESSAGE_BLOCKS):
+                    self.messages[(*key, first)] = min(MESSAGE_BLOCKS, stop - first)
+        for p in range(topo.k):
+            for j in range(len(self.rs_dims[p])):
+                if not self.broadcast_left.get((p, j), 1):
+                    self._sent_all(p, j)
+        for p in range(topo.k):
+            start, stop = self.layout.stripe(p)
+            for block in range(start, stop):
+                self._enter(p, block, 0)
+
+    # --- block flow ----------------------------------------------------------------------
+    def _enter(self, p: int, block: int, j: int) -> None:
+        """``block`` of stripe ``p`` is ready as the input of the stripe's RS step ``j`` (or
+        of its AR / its end when ``j`` is past the last RS)."""
+        self.stage[block] = j
+        dims = self.rs_dims[p]
+        if j < len(dims):
+            dim = dims[j]
+            owner, via_switch = self.rs_owner[(p, j)]
+            if via_switch[block]:
+                self.channels[(p, dim)].ready(block)
+            elif owner[block] == self.me[dim]:
+                self._try_reduce(p, j, block)
+            else:
+                self._message_ready(Kind.CONTRIB, p, j, block)
+        elif self.ar_dim[p] is not None:
+            self.channels[(p, self.ar_dim[p])].ready(block)
+        else:
+            self._finalise(p, block, self.acc[block])
+
+    def _try_reduce(self, p: int, j: int, block: int) -> None:
+        count = self.incount[(p, j)]
+        if count[block] == self.topology.n - 1 and self.stage[block] == j:
+            count[block] = -1  # used
+            self.acc[block] += self.incoming[(p, j)][block]
+            self._enter(p, block, j + 1)
+
+    def reduced(self, p: int, dim: int, block: int, values: np.ndarray) -> None:
+        """A switch channel delivered the sum of ``block`` to this server."""
+        if self.ar_dim[p] == dim:
+            self._finalise(p, block, values)
+        else:
+            self.acc[block] = values
+            self._enter(p, block, self.rs_dims[p].index(dim) + 1)
+
+    def _finalise(self, p: int, block: int, values: np.ndarray) -> None:
+        if self.final[block]:
+            return
+        self.acc[block] = values
+        self.final[block] = True
+        self.finals += 1
+        if self.progress is not None and self.finals % 1024 == 0:
+            self.progress(self.finals, self.blocks)
+        for j in range(self.depth(p, block)):
+            dim = self.rs_dims[p][j]
+            if self.ag_in_switch[p].get(dim):
+                self._broadcast(p, j, dim, block)
+            else:
+                self._message_ready(Kind.FINAL, p, j, block)
+
+    def _broadcast(self, p: int, j: int, dim: int, block: int) -> None:
+        self.engine.links[dim].send(HEADER_STRUCT.pack(
+            PacketType.BROADCAST, 0, stripe_job_id(self.engine.job, p), self.me[dim], 0, 0,
+            int(self.exponents[block]), self.valid_count(block), self.tag,
+            block * VALUES_PER_PACKET) + self.acc[block].astype(_BE).tobytes())
+        self.stats.frames_sent += 1
+        self.stats.broadcasts += 1
+        self.broadcast_left[(p, j)] -= 1
+        if self.broadcast_left[(p, j)] == 0:
+            self._sent_all(p, j)
+
+    def _sent_all(self, p: int, j: int) -> None:
+        for peer in self.engine.mesh.neighbours(self.rs_dims[p][j]):
+            peer.send(Kind.SENT, self.tag, p, j)
+
+    def _message_ready(self, kind: Kind, p: int, j: int, block: int) -> None:
+        for (start, stop), peers in self.ranges[(kind, p, j)]:
+            if start <= block < stop:
+                first = start + (block - start) // MESSAGE_BLOCKS * MESSAGE_BLOCKS
+                key = (kind, p, j, first)
+                self.messages[key] -= 1
+                if self.messages[key] == 0:
+                    last = min(stop, first + MESSAGE_BLOCKS)
+                    payload = self.acc[first:last].astype(_BE).tobytes()
+                    for peer in peers:
+                        peer.send(kind, self.tag, p, j, first, last - first, payload)
+                return
+
+    # --- what arrives --------------------------------------------------------------------
+    def _on_frame(self, level: int, buffer: bytearray, size: int) -> None:
+        if size < HEADER_BYTES:
+            return
+        (ptype, version, job, _worker, _owner, slot, _exp, _count, tag, offset) = \
+            HEADER_STRUCT.unpack_from(buffer)
+        p, rest = divmod(job - self.engine.job, STRIPE_JOB_STRIDE)
+        if rest or not 0 <= p < self.topology.k:
+            return
+        if ptype == PacketType.BROADCAST:
+            block = offset // VALUES_PER_PACKET
+            if (tag == self.tag and size >= PAYLOAD_BYTES and offset % VALUES_PER_PACKET == 0
+                    and self.layout.stripe(p)[0] <= block < self.layout.stripe(p)[1]
+                    and level in self.rs_dims[p]):
+                values = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
+                                       offset=HEADER_BYTES)
+                self._finalise(p, block, values)
+        elif ptype in _RESULTS:
+            channel = self.channels.get((p, level))
+            if channel is not None:
+                channel.on_result(ptype, version, slot, offset, tag, buffer, size)
+
+    def _on_message(self, peer: Peer, kind: int, p: int, j: int, start: int, count: int,
+                    payload: memoryview) -> None:
+        if kind in (Kind.CONTRIB, Kind.FINAL):
+            if p >= self.topology.k or start + count > self.blocks:
+                return
+            values = np.frombuffer(payload, dtype=_BE).reshape(-1, VALUES_PER_PACKET)[:count]
+            if kind == Kind.CONTRIB:
+                if (p, j) not in self.incount:
+                    return
+                self.incoming[(p, j)][start:start + count] += values
+                self.incount[(p, j)][start:start + count] += 1
+                for block in range(start, start + count):
+                    self._try_reduce(p, j, block)
+            else:
+                for i, block in enumerate(range(start, start + count)):
+                    self._finalise(p, block, values[i])
+        elif kind == Kind.SENT:
+            self.repairs[(p, j, peer.server)] = time.monotonic() + self._grace()
+        elif kind == Kind.NEED:
+            wanted = np.frombuffer(payload, dtype=">u4").reshape(-1, 2)
+            for first, last in wanted:
+                for block in range(int(first), int(last), MESSAGE_BLOCKS):
+                    stop = min(int(last), block + MESSAGE_BLOCKS)
+                    if self.final[block:stop].all():
+                        peer.send(Kind.FINAL, self.tag, p, j, block, stop - block,
+                                  self.acc[block:stop].astype(_BE).tobytes())
+
+    def _grace(self) -> float:
+        return max(0.05, 3 * max(rto.value for rto in self.rto))
+
+    def _repair(self, now: float) -> None:
+        """Ask a neighbour again for the broadcasts of its that never arrived."""
+        for key, due in list(self.repairs.items()):
+            if due > now:
+                continue
+            del self.repairs[key]
+            p, j, server = key
+            dim = self.rs_dims[p][j]
+            digit = self.topology.digits(server)[dim]
+            start, stop = split(self.pieces[p][j], self.topology.n)[digit]
+            missing = np.flatnonzero(~self.final[start:stop]) + start
+            if not missing.size:
+                continue
+            breaks = np.flatnonzero(np.diff(missing) != 1) + 1
+            runs = [(int(run[0]), int(run[-1]) + 1) for run in np.split(missing, breaks)]
+            peer = self.engine.mesh.peers[(dim, server)]
+            peer.send(Kind.NEED, self.tag, p, j, 0, len(runs),
+                      np.array(runs, dtype=">u4").tobytes())
+            self.stats.repairs_asked += int(missing.size)
+
+    # --- the event loop ------------------------------------------------------------------
+    def _finished(self) -> bool:
+        peers = self.engine.mesh.all()
+        return (self.finals == self.blocks
+                and all(c.done for c in self.channels.values())
+                and all(p.done for p in peers)
+                and not any(p.outbox for p in peers)
+                and not any(link.outbox for link in self.engine.links))
+
+    def _loop(self, started: float) -> None:
+        engine = self.engine
+        links = engine.links
+        peers = engine.mesh.all()
+        by_fd = {link.sock.fileno(): link for link in links}
+        peer_fd = {peer.sock.fileno(): peer for peer in peers}
+        buffer = bytearray(PAYLOAD_BYTES + 64)
+        next_scan = time.monotonic() + 0.01
+        deadline = started + engine.timeout
+        while not self._finished():
+            now = time.monotonic()
+            if now > deadline:
+                self._fail(now - started)
+            if self.finals == self.blocks and not self.done_sent:
+                self.done_sent = True
+                for peer in peers:
+                    peer.send(Kind.DONE, self.tag)
+            poll = select.poll()
+            for link in links:
+                poll.register(link.sock, select.POLLIN)
+            for peer in peers:
+                if not peer.closed:
+                    poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox
+                                                              else 0))
+            events = poll.poll(max(0.0, min(next_scan - now, 0.01)) * 1000)
+            for fd, event in events:
+                link = by_fd.get(fd)
+                if link is not None:
+                    recv_into = link.sock.recv_into
+                    for _ in range(4096):
+                        try:
+                            size = recv_into(buffer)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        self._on_frame(link.level, buffer, size)
+                    continue
+                peer = peer_fd[fd]
+                if event & select.POLLOUT:
+                    peer.flush()
+                if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    peer.fill()
+                    for message in peer.messages(self.tag):
+                        self._on_message(peer, *message)
+                    if peer.closed and not peer.done:
+                        raise TransportError(
+                            f"job {engine.job} server {engine.server}: server {peer.server} "
+                            f"(level {peer.dim}) closed its connection mid-call: it stopped "
+                            f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
+            for link in links:
+                link.drain()
+            now = time.monotonic()
+            if now >= next_scan:
+                for level in range(self.topology.k):
+                    fired = False
+                    for (_p, dim), channel in self.channels.items():
+                        if dim == level:
+                            fired |= channel.scan(now)
+                    if fired:
+                        self.rto[level].timed_out()
+                self._repair(now)
+                next_scan = now + min(rto.value for rto in self.rto) / 2
+        if self.progress is not None:
+            self.progress(self.blocks, self.blocks)
+
+    def _fail(self, waited: float) -> None:
+        engine = self.engine
+        stuck = [f"{c.name}: {c.waiting()} slot(s) waiting for switch {c.nic.switch_ip}"
+                 for c in self.channels.values() if not c.done and c.waiting()]
+        silent = [f"{p.server} (level {p.dim})" for p in engine.mesh.all() if not p.done]
+        raise TransportError(
+            f"job {engine.job} server {engine.server}: {self.blocks - self.finals} of "
+            f"{self.blocks} blocks still missing after {waited:.1f} s"
+            + (f"; {'; '.join(stuck)}" if stuck else "")
+            + (f"; no DONE yet from server(s) {', '.join(silent)}" if silent else "")
+            + ": a worker, a switch or a link stopped")
+
+
+def _replace(digits: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
+    return (*digits[:dim], value, *digits[dim + 1:])

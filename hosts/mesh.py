@@ -1,0 +1,270 @@
+"""The host-to-host side of a worker: one TCP connection to every neighbour on every level.
+
+BCube servers on one switch exchange directly (the switch only forwards): the host-based
+steps' partial sums, the exponent exchange that starts every call, repairs of lost
+broadcasts, and the DONE that ends a call. Each message is a 16-byte header and a payload:
+
+    kind (1) | call (1) | stripe (1) | step (1) | start (4) | count (4) | payload bytes (4)
+
+``call`` is the caller's call number mod 256: a neighbour can be one call ahead (it finished
+when this worker said DONE), never two, and a late repair can be one call behind.
+
+Sockets are non-blocking and driven by the worker's one event loop (``hosts/engine.py``):
+``send`` queues and writes what the kernel takes, ``flush`` writes more when the socket is
+writable, ``receive`` returns whole messages. The lower-numbered server of a pair connects.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from bml.protocol import mesh_tcp_port
+from bml.topology import Topology
+
+MESSAGE = struct.Struct("!BBBBIII")
+RECV_CHUNK = 1 << 18
+
+
+class MeshError(RuntimeError):
+    pass
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1  # payload: JSON {job, server, dim}
+    EXPONENTS = 2  # payload: JSON head + block exponents (the call's barrier)
+    CONTRIB = 3  # host-based reduce-scatter: my contribution to blocks you own
+    FINAL = 4  # reduced blocks: host-based all-gather, or a repair
+    SENT = 5  # I have broadcast all my blocks of (stripe, step) through the switch
+    NEED = 6  # please re-send these reduced blocks (broadcast copies were lost)
+    DONE = 7  # I have the whole result: I need nothing more from you this call
+
+
+@dataclass
+class Peer:
+    server: int
+    dim: int
+    sock: socket.socket
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytearray = field(default_factory=bytearray)
+    done: bool = False  # its DONE of this call arrived
+    closed: bool = False
+    sent_bytes: int = 0
+
+    def send(self, kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
+             count: int = 0, payload: bytes | memoryview = b"") -> None:
+        self.outbox += MESSAGE.pack(kind, call, stripe, step, start, count, len(payload))
+        self.outbox += payload
+        self.flush()
+
+    def flush(self) -> None:
+        while self.outbox:
+            try:
+                sent = self.sock.send(self.outbox)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                raise MeshError(f"server {self.server} (level {self.dim}): {exc}") from None
+            self.sent_bytes += sent
+            del self.outbox[:sent]
+
+    def fill(self) -> None:
+        """Read what the socket has; EOF marks the peer closed."""
+        while True:
+            try:
+                data = self.sock.recv(RECV_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.closed = True
+                return
+            if not data:
+                self.closed = True
+                return
+            self.inbox += data
+
+    def messages(self, call: int):
+        """Whole messages of call ``call`` from the inbox (kind, stripe, step, start, count,
+        payload); those of the next call stay for it, late ones of the last are dropped."""
+        offset = 0
+        inbox = self.inbox
+        try:
+            while len(inbox) - offset >= MESSAGE.size:
+                kind, tag, stripe, step, start, count, size = MESSAGE.unpack_from(inbox, offset)
+                end = offset + MESSAGE.size + size
+                if len(inbox) < end or tag == (call + 1) & 0xFF:
+                    break
+                offset = end
+                if tag != call:
+                    continue
+                payload = memoryview(inbox)[end - size:end]
+                if kind == Kind.DONE:
+                    self.done = True
+                try:
+                    yield kind, stripe, step, start, count, payload
+                finally:
+                    payload.release()
+        finally:
+            del inbox[:offset]
+
+
+class Mesh:
+    """TCP connections of one worker of one job to all its BCube neighbours."""
+
+    def __init__(self, job: int, server: int, topology: Topology, start_timeout: float) -> None:
+        self.job, self.server, self.topology = job, server, topology
+        self.peers: dict[tuple[int, int], Peer] = {}  # (dim, server) -> peer
+        self._connect(start_timeout)
+
+    def neighbours(self, dim: int) -> list[Peer]:
+        return [self.peers[(dim, s)] for s in self.topology.neighbours(self.server, dim)]
+
+    def all(self) -> list[Peer]:
+        return list(self.peers.values())
+
+    def close(self, linger: float = 2.0) -> None:
+        """Half-close every connection and read until the neighbours close theirs (bounded by
+        ``linger``): closing with unread data would send a reset, and a reset can destroy
+        the last messages (a DONE) still queued at the neighbour's end."""
+        open_peers = []
+        for peer in self.peers.values():
+            try:
+                peer.sock.setblocking(True)
+                peer.sock.settimeout(linger)
+                if peer.outbox:
+                    peer.sock.sendall(peer.outbox)
+                peer.sock.shutdown(socket.SHUT_WR)
+                peer.sock.setblocking(False)
+                open_peers.append(peer)
+            except OSError:
+                pass
+        deadline = time.monotonic() + linger
+        while open_peers and time.monotonic() < deadline:
+            readable, _, _ = select.select([p.sock for p in open_peers], [], [], 0.05)
+            for peer in [p for p in open_peers if p.sock in readable]:
+                try:
+                    if not peer.sock.recv(RECV_CHUNK):
+                        open_peers.remove(peer)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    open_peers.remove(peer)
+        for peer in self.peers.values():
+            peer.sock.close()
+        self.peers.clear()
+
+    def _connect(self, timeout: float) -> None:
+        topo, me = self.topology, self.server
+        port = mesh_tcp_port(self.job)
+        listeners = []
+        try:
+            for dim in range(topo.k):
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    listener.bind((topo.nics(me)[dim].ip, port))
+                except OSError as exc:
+                    raise MeshError(f"cannot listen on {topo.nics(me)[dim].ip}:{port} for job "
+                                    f"{self.job}: {exc} (is another worker of this job "
+                                    "running on this server?)") from None
+                listener.listen(64)
+                listener.setblocking(False)
+                listeners.append(listener)
+            self._establish(listeners, port, timeout)
+        finally:
+            for listener in listeners:
+                listener.close()
+
+    def _establish(self, listeners: list[socket.socket], port: int, timeout: float) -> None:
+        topo, me = self.topology, self.server
+        to_dial = [(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim) if s > me]
+        expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
+        pending: dict[socket.socket, int] = {}  # accepted, hello not yet read -> dim
+        deadline = time.monotonic() + timeout
+        next_try = {key: 0.0 for key in to_dial}
+        while set(self.peers) != expected:
+            now = time.monotonic()
+            if now > deadline:
+                missing = sorted(expected - set(self.peers))
+                raise MeshError(
+                    f"job {self.job} server {me}: no connection within {timeout:g} s to "
+                    + ", ".join(f"server {s} (level {d})" for d, s in missing)
+                    + ": are all the job's workers running?")
+            for key in [k for k in to_dial if k not in self.peers and next_try[k] <= now]:
+                dim, other = key
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind((topo.nics(me)[dim].ip, 0))
+                sock.settimeout(max(0.05, min(1.0, deadline - now)))
+                try:
+                    sock.connect((topo.nics(other)[dim].ip, port))
+                except OSError:
+                    sock.close()
+                    next_try[key] = now + 0.05
+                    continue
+                self._adopt(sock, dim, other)
+                self.peers[key].send(Kind.HELLO, payload=json.dumps(
+                    {"job": self.job, "server": me, "dim": dim}).encode())
+            for dim, listener in enumerate(listeners):
+                while True:
+                    try:
+                        sock, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    sock.setblocking(False)
+                    pending[sock] = dim
+            for sock, dim in list(pending.items()):
+                hello = self._read_hello(sock)
+                if hello is None:
+                    continue
+                del pending[sock]
+                key = (dim, hello.get("server", -1))
+                if hello.get("job") != self.job or hello.get("dim") != dim or key not in expected:
+                    sock.close()  # not one of this job's neighbours: refuse it
+                    continue
+                self._adopt(sock, dim, key[1])
+            time.sleep(0.005)
+        for sock in pending:
+            sock.close()
+
+    def _adopt(self, sock: socket.socket, dim: int, other: int) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
+        self.peers[(dim, other)] = Peer(other, dim, sock)
+
+    @staticmethod
+    def _read_hello(sock: socket.socket) -> dict | None:
+        try:
+            head = sock.recv(MESSAGE.size, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return {}
+        if len(head) < MESSAGE.size:
+            return None if head else {}
+        kind, *_rest, size = MESSAGE.unpack(head)  # HELLO travels as call 0
+        if kind != Kind.HELLO or size > 4096:
+            return {}
+        try:
+            data = sock.recv(MESSAGE.size + size, socket.MSG_PEEK)
+        except OSError:
+            return {}
+        if len(data) < MESSAGE.size + size:
+            return None
+        sock.recv(MESSAGE.size + size)
+        try:
+            return json.loads(data[MESSAGE.size:])
+        except ValueError:
+            return {}
+
+
+def queue_full(exc: OSError) -> bool:
+    """A send that only found the queue full (the caller keeps the frame and tries again)."""
+    return exc.errno in (errno.ENOBUFS, errno.EAGAIN, errno.EWOULDBLOCK)

@@ -1,0 +1,112 @@
+"""PyTorch DistributedDataParallel communication hook that sums gradients through BML-INA.
+
+    from hosts.torch_hook import BmlHookState, bml_allreduce_hook
+    state = BmlHookState(job=1, rank=rank, world=world)       # one worker for the whole run
+    ddp.register_comm_hook(state, bml_allreduce_hook)
+    ...
+    state.close()
+
+Each gradient bucket DDP hands the hook is summed in the switch (``hosts.api.Worker`` on
+``eth0``, the single-switch path of a star), divided by the world size and returned as a
+``torch.futures.Future``. The allreduce runs on one background thread, so the backward pass
+goes on while a bucket is in the network; one thread also keeps the calls in bucket order,
+which is the same on every rank (DDP launches buckets in index order), so every worker's n-th
+call is the same bucket. DDP itself still needs a process group (gloo) for its set-up: the
+broadcast of the initial parameters and, after step 1, of the rebuilt bucket order. Gradients
+never go through it.
+
+A failed allreduce (a worker killed, the switch gone: ``TransportError`` after the worker's
+timeout) fails the future, so ``loss.backward()`` raises; ``HookFailed`` carries the first
+cause, and every later call fails at once instead of waiting out its own timeout.
+
+Importing this module needs torch (``pip install -e '.[torch]'``).
+"""
+
+# No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hosts.api import Worker
+
+__all__ = ["BmlHookState", "HookFailed", "bml_allreduce_hook"]
+
+
+class HookFailed(RuntimeError):
+    """Gradient synchronisation through BML-INA failed; training cannot go on."""
+
+
+class BmlHookState:
+    """The hook's state: one BML-INA worker and one thread for the whole run, plus figures
+    (calls, elements, seconds in allreduce) that the training example reports."""
+
+    def __init__(self, job: int, rank: int, world: int, interface: str = "eth0",
+                 timeout: float = 30.0, start_timeout: float | None = None,
+                 worker: Worker | None = None) -> None:
+        self.job, self.rank, self.world = job, rank, world
+        self.timeout = timeout
+        # The priming round of every call also waits for the slowest rank to reach the same
+        # bucket, so it gets the same bound as the whole call by default.
+        self.worker = worker or Worker(job, rank, world, interface=interface, timeout=timeout,
+                                       start_timeout=start_timeout or timeout)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"bml-hook-r{rank}")
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.calls = 0
+        self.elements = 0
+        self.seconds = 0.0
+        self.retransmissions = 0
+
+    def allreduce_mean(self, flat: np.ndarray) -> np.ndarray:
+        """Sum over the ranks through the switch, divided by the world size (float32)."""
+        if self.error is not None:
+            raise HookFailed(f"rank {self.rank}: an earlier gradient allreduce failed: "
+                             f"{self.error}") from self.error
+        started = time.monotonic()
+        try:
+            total = self.worker.allreduce(flat)
+        except Exception as exc:
+            self.error = exc
+            raise HookFailed(f"rank {self.rank}: gradient allreduce through BML-INA (job "
+                             f"{self.job}, {self.world} workers) failed: {exc}") from exc
+        with self.lock:
+            self.calls += 1
+            self.elements += flat.size
+            self.seconds += time.monotonic() - started
+            self.retransmissions += self.worker.last_stats.retransmissions
+        return (total / self.world).astype(np.float32, copy=False)
+
+    def raise_if_failed(self) -> None:
+        """Turn DDP's wrapped error into the hook's own, with its cause."""
+        if self.error is not None:
+            raise HookFailed(f"rank {self.rank}: gradient synchronisation through BML-INA "
+                             f"failed: {self.error}") from self.error
+
+    def close(self) -> None:
+        """Stop the thread (dropping calls not started) and release the worker's socket."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.worker.close()
+
+
+def bml_allreduce_hook(state: BmlHookState,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's mean over all ranks, summed in the switch."""
+    buffer = bucket.buffer()
+    flat = buffer.detach().to("cpu", torch.float32).numpy().copy()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def run() -> None:
+        try:
+            mean = state.allreduce_mean(flat)
+            future.set_result(torch.from_numpy(mean).to(buffer.device, buffer.dtype))
+        except BaseException as exc:  # the training thread must see every failure
+            if state.error is None:
+                state.error = exc
+            future.set_exception(exc)
+
+    state.executor.submit(run)
+    return future
