@@ -17,6 +17,7 @@ per wire byte the ratio is (314/256) / (1.5 * 1.006), about 0.81, with 64 values
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from bml.protocol import (
@@ -40,6 +41,16 @@ from bml.schedule import (
 from bml.topology import Topology
 
 TCP_IP_ETH_OVERHEAD = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+def rate_bits(rate: str) -> int:
+    """``100mbit`` -> 100_000_000 (tc's decimal units)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)", rate.strip().lower())
+    if not match:
+        raise ValueError(f"bad rate {rate!r}: use a number and bit, kbit, mbit or gbit "
+                         "(e.g. 100mbit)")
+    return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
 
 
 def in_network_wire_bytes(elements: int) -> int:

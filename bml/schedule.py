@@ -254,11 +254,28 @@ def _send(direction: Direction, span_blocks: int, times: int = 1) -> None:
     direction.stream_overhead += times * _messages(span_blocks) * MESSAGE_HEADER_BYTES
 
 
+def _odd_slots(blocks: int, slots: int) -> int:
+    uses, extra = divmod(blocks, slots)
+    return (extra if (uses + 1) & 1 else 0) + (slots - extra if uses & 1 else 0)
+
+
+def channel_window(blocks: int, window: int) -> int:
+    """The slots a switch channel of ``blocks`` blocks uses: at most ``window``, at least half
+    of it (or half the blocks), chosen so that the fewest slots end on an odd number of uses
+    (each such slot costs a zero 'flush' use, so that the next call starts on copy 0).
+    Every member computes the same."""
+    if blocks <= 0:
+        return 1
+    if blocks <= 2 * window:
+        return max(1, -(-blocks // 2))
+    return min(range(window, window // 2 - 1, -1), key=lambda w: _odd_slots(blocks, w))
+
+
 def flushes(channel_blocks: int, window: int) -> int:
-    """Zero 'flush' uses a switch channel adds so that every slot ends with an even number of
-    uses (the next call starts on copy 0)."""
-    return sum((-(-(channel_blocks - s) // window)) & 1
-               for s in range(min(window, channel_blocks)))
+    """Zero 'flush' uses a switch channel of ``channel_blocks`` adds (see channel_window)."""
+    if channel_blocks <= 0:
+        return 0
+    return _odd_slots(channel_blocks, channel_window(channel_blocks, window))
 
 
 def traffic(layout: Layout, server: int, window: int | None = DEFAULT_WINDOW,

@@ -6,16 +6,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from bml import cost_model
 from bml.protocol import ResultMode
-from bml.topology import TopologyError
+from bml.schedule import DEFAULT_WINDOW, SCHEDULES
+from bml.topology import Topology, TopologyError
 from control_plane.fabric import DEFAULT_FABRIC, Fabric, locked
-from control_plane.jobs import DEFAULT_POOL_SIZE, JobError
+from control_plane.jobs import AUTO, DEFAULT_POOL_SIZE, JobError
 from control_plane.session import SwitchError
 from control_plane.status import counter_table, event_lines, switch_lines
 
 
-def parse_servers(text: str) -> list[int]:
-    """``0-3``, ``0,2,5`` or ``0-2,7``."""
+def parse_servers(text: str) -> list[int] | None:
+    """``0-3``, ``0,2,5``, ``0-2,7``, or ``all`` (None: every server, a scheduled job)."""
+    if text == "all":
+        return None
     servers: list[int] = []
     for part in text.split(","):
         first, _, last = part.partition("-")
@@ -26,17 +30,52 @@ def parse_servers(text: str) -> list[int]:
     return servers
 
 
+def parse_size(text: str) -> int:
+    """``16M``, ``512K``, ``1G`` or a plain number of bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        if text[-1:].upper() in units:
+            return int(float(text[:-1]) * units[text[-1].upper()])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: e.g. 16M") from None
+
+
+def plan_lines(topology: Topology, size: int, rate: str) -> list[str]:
+    """Every candidate schedule with its predicted wire bytes per NIC and GST; the choice
+    marked."""
+    rate_bps = cost_model.rate_bits(rate)
+    elements = max(1, size // 4)
+    predictions = cost_model.plan(topology, elements, rate_bps)
+    lines = [f"plan for {topology.spec} ({topology.num_servers} servers, "
+             f"{topology.num_switches} switches, {topology.k} NIC(s) each), "
+             f"{size} gradient bytes, links {rate} each way",
+             f"  {'schedule':<11} {'share':>5} {'up/NIC':>12} {'down/NIC':>12} "
+             f"{'x G up':>6} {'x G down':>8} {'GST':>9}"]
+    for i, prediction in enumerate(predictions):
+        schedule = prediction.schedule
+        lines.append(f"{'*' if i == 0 else ' '} {schedule.name:<11} "
+                     f"{float(schedule.alpha):>5.2f} {prediction.max_up:>12,.0f} "
+                     f"{prediction.max_down:>12,.0f} {prediction.max_up / size:>6.3f} "
+                     f"{prediction.max_down / size:>8.3f} {prediction.gst:>8.2f}s")
+    lines.append("* = chosen (least predicted GST: the busier direction of the busiest NIC, "
+                 "every header counted)")
+    return lines
+
+
 def job_lines(fabric: Fabric) -> list[str]:
     plans = fabric.plans()
     if not plans:
         return ["jobs: none"]
-    lines = [f"{'job':>5} {'level':>5} {'servers':<16} {'switch':<8} {'mode':<9} "
+    lines = [f"{'job':>5} {'level':>10} {'servers':<16} {'switch':<8} {'mode':<9} "
              f"{'pool':<11} workers (id:port)"]
     for plan in plans:
         for group in plan.groups:
             members = " ".join(f"{w}:{p}" for w, p in sorted(group.members.items()))
-            lines.append(f"{plan.job_id:>5} {plan.level:>5} "
-                         f"{','.join(map(str, plan.servers)):<16} {group.switch:<8} "
+            level = str(plan.level) if plan.schedule is None else plan.schedule
+            servers = ("all" if plan.schedule is not None
+                       else ",".join(map(str, plan.servers)))
+            lines.append(f"{group.job_id:>5} {level:>10} {servers:<16} {group.switch:<8} "
                          f"{ResultMode(group.result_mode).name.lower():<9} "
                          f"{group.pool_base:>4}+{group.pool_size:<6} {members}")
     return lines
@@ -55,12 +94,26 @@ def main(argv: list[str] | None = None) -> int:
     p_events.add_argument("--last", type=int, default=50)
     p_add = commands.add_parser("job-add", help="set a job up on the switches")
     p_add.add_argument("--job", type=int, required=True)
-    p_add.add_argument("--servers", type=parse_servers, required=True, help="e.g. 0-3")
-    p_add.add_argument("--level", type=int, default=0, help="BCube level whose switches "
-                       "aggregate (default 0)")
-    p_add.add_argument("--pool", type=int, default=DEFAULT_POOL_SIZE, help="slots per switch")
+    p_add.add_argument("--servers", type=parse_servers, required=True,
+                       help="all (every server, every NIC, run by a schedule) or e.g. 0-3 "
+                            "(one level's switches aggregate)")
+    p_add.add_argument("--schedule", choices=[AUTO, *SCHEDULES], default=AUTO,
+                       help="with --servers all: the job's default schedule (default auto: "
+                            "the planner's choice)")
+    p_add.add_argument("--level", type=int, default=0, help="with a server list: the BCube "
+                       "level whose switches aggregate (default 0)")
+    p_add.add_argument("--pool", type=int, default=None, help="slots per switch and stripe "
+                       f"(default {DEFAULT_WINDOW} for --servers all, else "
+                       f"{DEFAULT_POOL_SIZE})")
     p_add.add_argument("--to-owner", action="store_true",
-                       help="results to the chunk's owner (reduce-scatter) instead of all")
+                       help="with a server list: results to the chunk's owner "
+                            "(reduce-scatter) instead of all")
+    p_plan = commands.add_parser("plan", help="every schedule's predicted bytes per NIC and "
+                                 "GST on a topology, and the planner's choice")
+    p_plan.add_argument("--topo", help="star:N or bcube:n,k (default: the fabric's)")
+    p_plan.add_argument("--bytes", type=parse_size, default=16 << 20,
+                        help="gradient bytes (default 16M)")
+    p_plan.add_argument("--rate", default="10mbit", help="link rate each way (default 10mbit)")
     p_remove = commands.add_parser("job-remove", help="reset a job's slots and remove it")
     p_remove.add_argument("--job", type=int, required=True)
     p_monitor = commands.add_parser("monitor", help="watch switch health (runs until stopped)")
@@ -68,11 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     p_monitor.add_argument("--duration", type=float, default=None)
     args = parser.parse_args(argv)
     try:
+        if args.command == "plan":
+            topology = (Topology.parse(args.topo) if args.topo
+                        else Fabric.load(args.fabric).topo)
+            print("\n".join(plan_lines(topology, args.bytes, args.rate)))
+            return 0
         if args.command in ("job-add", "job-remove"):
             with locked(args.fabric) as fabric:
-                if args.command == "job-add":
+                if args.command == "job-add" and args.servers is None:
+                    plan = fabric.add_scheduled_job(args.job, args.schedule,
+                                                    args.pool or DEFAULT_WINDOW)
+                    switches = sorted({g.switch for g in plan.groups})
+                    print(f"bml-ctl: job {plan.job_id} set up on all {len(switches)} switches "
+                          f"({fabric.topo.k} stripe(s) each), schedule {args.schedule}")
+                elif args.command == "job-add":
                     mode = ResultMode.TO_OWNER if args.to_owner else ResultMode.MULTICAST
-                    plan = fabric.add_job(args.job, args.servers, args.level, args.pool, mode)
+                    plan = fabric.add_job(args.job, args.servers, args.level,
+                                          args.pool or DEFAULT_POOL_SIZE, mode)
                     print(f"bml-ctl: job {plan.job_id} set up on "
                           f"{', '.join(g.switch for g in plan.groups)}")
                 else:
@@ -98,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             "events": lambda: event_lines(fabric.events_path, args.last),
         }
         print("\n".join(sections[args.command]()))
-    except (FileNotFoundError, JobError, SwitchError, TopologyError, TimeoutError) as exc:
+    except (FileNotFoundError, JobError, SwitchError, TopologyError, TimeoutError,
+            ValueError) as exc:
         print(f"bml-ctl: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from bml import cost_model
+
 
 class NetError(RuntimeError):
     pass
@@ -37,16 +39,12 @@ def require_tools() -> None:
             raise NetError(f"`{tool}` is missing: install {package} (make setup does)")
 
 
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-
-
 def rate_bits(rate: str) -> int:
-    """``100mbit`` -> 100_000_000 (tc's decimal units)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)", rate.strip().lower())
-    if not match:
-        raise NetError(f"bad rate {rate!r}: use a number and bit, kbit, mbit or gbit "
-                       "(e.g. 100mbit)")
-    return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
+    """``100mbit`` -> 100_000_000 (tc's decimal units); a bad rate is a NetError here."""
+    try:
+        return cost_model.rate_bits(rate)
+    except ValueError as exc:
+        raise NetError(str(exc)) from None
 
 
 @dataclass(frozen=True)

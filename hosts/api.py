@@ -18,7 +18,7 @@ from bml.schedule import SCHEDULES, Schedule, ScheduleError, make_schedule
 from bml.topology import Topology
 from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
 from hosts.engine import Engine, EngineStats
-from hosts.quantize import GradientError, check_finite
+from hosts.quantize import GradientError, check_gradient
 from hosts.transport import AggregationTransport, Stats, TransportError
 
 __all__ = ["GradientError", "TransportError", "Worker", "allreduce", "interface_addresses",
@@ -128,13 +128,7 @@ class Worker:
         return self.schedule.name if self.schedule is not None else "single-switch"
 
     def allreduce(self, array: np.ndarray, progress=None) -> np.ndarray:
-        values = np.asarray(array)
-        if values.dtype.kind not in "fiu":
-            raise GradientError(f"gradient must be numeric, not {values.dtype}")
-        if values.size == 0:
-            raise GradientError("gradient is empty: nothing to sum")
-        values = values.astype(np.float32, copy=False)
-        check_finite(values)
+        values = check_gradient(array)
         before = nic_counters(self.interfaces)
         if self.engine is not None:
             result, self.last_stats = self.engine.allreduce(values, progress)

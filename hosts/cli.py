@@ -13,6 +13,7 @@ from bml.protocol import VALUES_PER_PACKET
 from bml.schedule import SCHEDULES
 from hosts.api import AUTO, GradientError, TransportError, Worker
 from hosts.engine import EngineStats
+from hosts.quantize import check_gradient
 
 
 def load_gradient(path: Path) -> np.ndarray:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="bound on the first answer, i.e. on all workers starting (s)")
     args = parser.parse_args(argv)
     try:
-        gradient = load_gradient(args.input)
+        gradient = check_gradient(load_gradient(args.input))
         with Worker(args.job, args.rank, args.world, args.interface, args.switch,
                     window=args.window, timeout=args.timeout,
                     start_timeout=args.start_timeout, schedule=args.schedule,

@@ -54,6 +54,7 @@ from bml.schedule import (
     Op,
     Range,
     Schedule,
+    channel_window,
     length,
     split,
     stripe_job_id,
@@ -156,7 +157,7 @@ class SwitchChannel:
         self.blocks = blocks
         self.owners = owners
         self.count = len(blocks)
-        self.window = max(1, min(window, self.count))
+        self.window = channel_window(self.count, window)
         self.seq_of = {b: i for i, b in enumerate(blocks)}
         self.ready_flags = bytearray(self.count)
         self.next_use = [0] * self.window
@@ -654,7 +655,7 @@ class _Call:
     # --- the event loop ------------------------------------------------------------------
     def _finished(self) -> bool:
         peers = self.engine.mesh.all()
-        return (self.finals == self.blocks
+        return (self.done_sent
                 and all(c.done for c in self.channels.values())
                 and all(p.done for p in peers)
                 and not any(p.outbox for p in peers)

@@ -32,6 +32,19 @@ class GradientError(ValueError):
     """The gradient cannot be sent as it is (NaN, Inf, wrong shape or type)."""
 
 
+def check_gradient(array: np.ndarray) -> np.ndarray:
+    """The gradient as float32, or a GradientError for what cannot be sent (not numeric,
+    empty, NaN or Inf), before anything is sent."""
+    values = np.asarray(array)
+    if values.dtype.kind not in "fiu":
+        raise GradientError(f"gradient must be numeric, not {values.dtype}")
+    if values.size == 0:
+        raise GradientError("gradient is empty: nothing to sum")
+    values = values.astype(np.float32, copy=False)
+    check_finite(values)
+    return values
+
+
 def check_finite(values: np.ndarray) -> None:
     """Refuse NaN and Inf before anything is sent."""
     bad = ~np.isfinite(values)
