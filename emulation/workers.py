@@ -40,6 +40,11 @@ class PushResult:
         """One ``name=value`` figure of bml-host's closing line."""
         return self.stdout.split(f"{name}=")[1].split()[0]
 
+    def nic_bytes(self) -> list[tuple[int, int]]:
+        """(sent, received) bytes of each NIC during the push, from its counters."""
+        return [tuple(int(x) for x in nic.split(":")[1].split("/"))
+                for nic in self.figure("nic_bytes").split(",")]
+
 
 def run_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | None = None,
                extra: list[str] | None = None, timeout: float = 120.0) -> list[PushResult]:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     fabric=args.fabric) as worker:
             total = worker.allreduce(gradient, ProgressBar(sys.stderr.isatty()))
             stats = worker.last_stats
-            nic_bytes = " ".join(f"{name}:{tx}/{rx}" for name, (tx, rx)
+            nic_bytes = ",".join(f"{name}:{tx}/{rx}" for name, (tx, rx)
                                  in zip(worker.interfaces, worker.last_nic_bytes, strict=True))
             schedule = worker.schedule_name
             rank = args.rank if worker.engine is None else worker.engine.server
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "
           f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s {counts} "
           f"retransmissions={stats.retransmissions} schedule={schedule} "
-          f"nic_bytes(tx/rx)={nic_bytes}")
+          f"nic_bytes={nic_bytes}")
     return 0
 
 
