@@ -32,8 +32,17 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         size = 4096;
     }
     apply {
+        // An aggregation packet is exactly one full frame: IPv4 and UDP lengths and the
+        // frame's own length must all say so (no trailing bytes).
+        bit<32> frame_bytes = FRAME_BYTES;
+        if (hdr.packet_out.isValid()) {
+            frame_bytes = FRAME_BYTES + PACKET_OUT_BYTES;
+        }
         if (!hdr.bml.isValid() || !hdr.hi.isValid()) {
             meta.drop_reason = DROP_SHORT_PACKET;
+        } else if (hdr.ipv4.totalLen != IPV4_LEN_FULL || hdr.udp.length != UDP_LEN_FULL ||
+                   standard_metadata.packet_length != frame_bytes) {
+            meta.drop_reason = DROP_BAD_LENGTH;
         } else if (hdr.bml.count > VALUES_PER_PACKET) {
             meta.drop_reason = DROP_BAD_COUNT;
         } else if (hdr.bml.version > 1 || (hdr.bml.type != TYPE_DATA &&

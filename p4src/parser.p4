@@ -25,8 +25,12 @@ parser BmlParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
     }
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
-        transition select(hdr.ipv4.ihl, hdr.ipv4.fragOffset, hdr.ipv4.protocol) {
-            (5, 0, 17): parse_udp;
+        // Only IPv4 version 4 without options, not a fragment (MF clear, offset 0), UDP, is
+        // looked into; anything else is ordinary traffic (docs/PROTOCOL.md, malformed frames).
+        // Frames with another EtherType (802.1Q tags included) never get here.
+        transition select(hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.flags, hdr.ipv4.fragOffset,
+                          hdr.ipv4.protocol) {
+            (4, 5, 3w0 &&& 3w1, 0, 17): parse_udp;
             default: accept;
         }
     }
@@ -62,8 +66,10 @@ control BmlVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 }
 
 control BmlComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    // Only the packets the switch makes get a new checksum: a forwarded frame leaves as it
+    // came, byte for byte (its header may carry options the 20-byte sum would not cover).
     apply {
-        update_checksum(hdr.ipv4.isValid(),
+        update_checksum(hdr.ipv4.isValid() && meta.generated == 1,
             { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.totalLen,
               hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.fragOffset, hdr.ipv4.ttl,
               hdr.ipv4.protocol, hdr.ipv4.srcAddr, hdr.ipv4.dstAddr },

@@ -44,6 +44,8 @@ _IPV4_WORDS = struct.Struct("!10H")
 _UDP_HALF = struct.Struct("!HH")  # two words of the UDP header: ports, or length and checksum
 _IPV4_HEAD = struct.Struct("!BBH2s2sBBH")  # up to the checksum; the addresses follow
 _BML_PORT_BYTES = BML_UDP_PORT.to_bytes(2, "big")
+_IPV4_LEN_FULL = IPV4_LEN_FULL.to_bytes(2, "big")
+_UDP_LEN_FULL = UDP_LEN_FULL.to_bytes(2, "big")
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,6 @@ def ipv4_checksum(header: bytes | bytearray) -> int:
     return ~total & 0xFFFF
 
 
-def _with_checksum(ip: bytearray) -> bytearray:
-    ip[10:12] = b"\x00\x00"
-    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
-    return ip
-
-
 class Pipeline:
     """Registers, counters and tables of one switch, and the per-packet logic."""
 
@@ -132,11 +128,13 @@ class Pipeline:
         else:
             from_controller = False
         n = len(frame)
+        # BmlParser: untagged IPv4, version 4, IHL 5, not a fragment (MF clear, offset 0), UDP
+        # to BML_UDP_PORT; anything else (802.1Q tags included) is ordinary traffic.
         is_bml = (
             n >= BML_OFF
             and frame[12:14] == b"\x08\x00"
-            and frame[14] & 0x0F == 5
-            and (frame[20] & 0x1F) == 0 == frame[21]  # fragment offset 0
+            and frame[14] == 0x45
+            and (frame[20] & 0x3F) == 0 == frame[21]
             and frame[23] == 17
             and frame[36:38] == _BML_PORT_BYTES
         )
@@ -144,6 +142,8 @@ class Pipeline:
             return self._forward(frame)
         if n < FULL_END:
             return self._drop(DropReason.SHORT_PACKET)
+        if n != FULL_END or frame[16:18] != _IPV4_LEN_FULL or frame[38:40] != _UDP_LEN_FULL:
+            return self._drop(DropReason.BAD_LENGTH)
         (ptype, version, job_id, worker_id, _owner, slot, exponent, count, _r, offset) = (
             HEADER_STRUCT.unpack_from(frame, BML_OFF)
         )
@@ -248,8 +248,7 @@ class Pipeline:
         bml = bytearray(frame[BML_OFF:VALUES_OFF])
         bml[0] = ptype
         bml[8] = exponent
-        trailer = frame[FULL_END:]
-        full_body = bytes(bml) + values + trailer
+        full_body = bytes(bml) + values
         out = []
         for egress_port in egress_ports:
             if ptype == PacketType.BROADCAST and egress_port == port:
@@ -260,7 +259,7 @@ class Pipeline:
                 continue
             if owner_port is not None and egress_port != owner_port:
                 bml[0] = PacketType.ACK
-                body = bytes(bml) + trailer
+                body = bytes(bml)
                 ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
             else:
                 body = full_body
@@ -275,16 +274,14 @@ class Pipeline:
         return out
 
     def _forward(self, frame: bytes) -> list[tuple[int, bytes]]:
-        """Forwarding.l2_forward; the checksum unit then rewrites a valid IPv4 checksum."""
+        """Forwarding.l2_forward: the frame leaves byte for byte as it came (the checksum
+        unit rewrites only the packets the switch makes)."""
         if len(frame) < ETH:
             return self._drop(DropReason.NO_ROUTE)
         egress = self.tables.l2_forward.get(frame[0:6])
         if egress is None:
             return self._drop(DropReason.NO_ROUTE)
         self.stats[Stat.FORWARDED] += 1
-        if len(frame) >= ETH + IP and frame[12:14] == b"\x08\x00":
-            ip = _with_checksum(bytearray(frame[ETH:ETH + IP]))
-            frame = frame[:ETH] + bytes(ip) + frame[ETH + IP:]
         return [(egress, frame)]
 
     def _drop(self, reason: DropReason) -> list[tuple[int, bytes]]:

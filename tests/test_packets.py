@@ -6,6 +6,7 @@ pytest test. The BMv2 runs skip, saying why, when simple_switch_grpc is not inst
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -37,7 +38,9 @@ def ptf_results(request, tmp_path_factory):
         pytest.skip(NETNS_REASON)
     target = request.param
     if target not in _results:
-        net = SwitchTestbed(target, f"bmlptf{target}", tmp_path_factory.mktemp(f"ptf-{target}"))
+        # A namespace of this run's own: others may run the suite at the same time.
+        net = SwitchTestbed(target, f"bmlptf{target}{os.getpid()}",
+                            tmp_path_factory.mktemp(f"ptf-{target}"))
         try:
             _results[target] = net.run_ptf()
             _results[target]["__log__"] = str(net.log_dir)

@@ -15,6 +15,8 @@
 #define UDP_LEN_FULL 280
 #define IPV4_LEN_HEADER_ONLY 44
 #define UDP_LEN_HEADER_ONLY 24
+#define FRAME_BYTES 314           // 14 Ethernet + IPV4_LEN_FULL: every aggregation packet
+#define PACKET_OUT_BYTES 2        // packet_out header in front of a CPU-port frame
 
 // bml.type
 #define TYPE_DATA 1
@@ -51,6 +53,7 @@
 #define DROP_FORGED_CONTROL 8
 #define DROP_NO_ROUTE 9
 #define DROP_STALE 10
+#define DROP_BAD_LENGTH 11
 #define DROP_NONE 255
 #define DROPS_SIZE 16
 

@@ -7,7 +7,6 @@ import random
 
 import ptf.testutils as tu
 from common.bml_test import BmlTest, contribution, from_switch, lane_sums
-from scapy.packet import Raw
 
 from bml.protocol import VALUES_PER_PACKET, DropReason, PacketType, Stat
 
@@ -146,18 +145,3 @@ class NoOwnerRoute(BmlTest):
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 2, Stat.COMPLETED: 1},
                             {DropReason.NO_OWNER: 1})
-
-
-class TrailingBytesTravelWithResult(BmlTest):
-    """Bytes after the 64 values travel along (as BMv2 keeps an unparsed payload)."""
-
-    def runTest(self) -> None:  # noqa: N802
-        self.add_job(7, [1, 2])
-        a, b = values(), values()
-        tu.send_packet(self, 1, contribution(1, 7, 0, a))
-        last = contribution(2, 7, 1, b) / Raw(b"tail")
-        tu.send_packet(self, 2, last)
-        for port in (1, 2):
-            # The switch writes fixed IPv4/UDP lengths: the tail is carried, not counted.
-            tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b))
-                             / Raw(b"tail"), port)
