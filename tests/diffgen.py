@@ -1,0 +1,637 @@
+"""Seeded random packet sequences for the differential test, each packet with what any target
+must do with it.
+
+The generator plays the hosts and the controller of three jobs on one switch: rounds of
+contributions (in the order hosts may send them: a slot's next use only after its previous
+one completed), duplicates, retransmissions, stale and forged contributions, malformed
+frames, ordinary traffic, broadcasts and controller RESETs. It knows by construction what each
+packet must do (docs/PROTOCOL.md): the counters it moves and the exact frames that leave. So
+the same sequence checks the software target alone against the invariants (a round's result
+is the wrapping int32 sum of its contributions; a packet that is not admitted changes no later
+result, because every later frame is predicted without it; every packet is counted, drops by
+reason), and checks BMv2 and the software target against each other byte for byte
+(tests/diffrun.py).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bml.protocol import (
+    BML_UDP_PORT,
+    CONTROLLER_MAGIC,
+    CPU_PORT,
+    EXPONENT_NONE,
+    HEADER_STRUCT,
+    VALUES_PER_PACKET,
+    VALUES_STRUCT,
+    DropReason,
+    PacketType,
+    ResultMode,
+    Stat,
+    job_udp_port,
+)
+from control_plane.jobs import AggregationGroup
+from control_plane.p4info import Names
+from control_plane.session import Entry, entry
+
+PORTS = tuple(range(1, 9))
+ADDRESSED_PORTS = tuple(range(1, 8))  # port 8 has no host_address: copies to it are counted
+FORWARDED_PORTS = tuple(range(1, 7))  # host MACs with an l2_forward entry
+SWITCH_MAC = bytes.fromhex("02ff00000001")
+SWITCH_IP = bytes([10, 0, 255, 1])
+UNKNOWN_MAC = bytes.fromhex("02aa00000099")
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_UDP = struct.Struct("!HHHH")
+
+
+def host_mac(port: int) -> bytes:
+    return bytes([2, 0, 0, 0, 0, port])
+
+
+def host_ip(port: int) -> bytes:
+    return bytes([10, 0, 0, port])
+
+
+def checksum(header: bytes) -> int:
+    """RFC 791 checksum over ``header`` (its checksum field zero)."""
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def with_ip_checksum(frame: bytes, ip_start: int = 14) -> bytes:
+    """``frame`` with the IPv4 header at ``ip_start`` given its right checksum."""
+    ihl = (frame[ip_start] & 0x0F) * 4 or 20
+    header = bytearray(frame[ip_start:ip_start + ihl])
+    header[10:12] = b"\0\0"
+    header[10:12] = checksum(bytes(header)).to_bytes(2, "big")
+    return frame[:ip_start] + bytes(header) + frame[ip_start + ihl:]
+
+
+# ---------------------------------------------------------------------------- the scenario
+@dataclass(frozen=True)
+class Job:
+    group: AggregationGroup
+
+    @property
+    def job_id(self) -> int:
+        return self.group.job_id
+
+    @property
+    def workers(self) -> dict[int, int]:
+        return self.group.members
+
+    @property
+    def to_owner(self) -> bool:
+        return self.group.result_mode == ResultMode.TO_OWNER
+
+
+JOBS = (
+    Job(AggregationGroup("dut", 21, {0: 1, 1: 2, 2: 3}, ResultMode.MULTICAST, 0, 3)),
+    Job(AggregationGroup("dut", 22, {0: 4, 1: 5, 2: 6}, ResultMode.TO_OWNER, 3, 3)),
+    # sparse worker ids; worker 7 on port 8, which has no host_address
+    Job(AggregationGroup("dut", 23, {0: 1, 3: 4, 7: 8}, ResultMode.MULTICAST, 6, 2)),
+)
+UNKNOWN_JOB = 99
+
+
+def table_entries() -> list[Entry]:
+    """What the scenario installs besides the jobs: host addresses and L2 routes."""
+    mac_int = lambda mac: int.from_bytes(mac, "big")  # noqa: E731
+    entries = [entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": p},
+                     Names.SET_HOST_ADDRESS, host_mac=mac_int(host_mac(p)),
+                     host_ip=int.from_bytes(host_ip(p), "big"),
+                     switch_mac=mac_int(SWITCH_MAC), switch_ip=int.from_bytes(SWITCH_IP, "big"))
+               for p in ADDRESSED_PORTS]
+    entries += [entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": mac_int(host_mac(p))},
+                      Names.FORWARD_TO, port=p) for p in FORWARDED_PORTS]
+    return entries
+
+
+# ---------------------------------------------------------------------------- frames
+def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int, offset: int,
+                      values: tuple[int, ...], exponent: int = EXPONENT_NONE, owner: int = 0,
+                      ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
+                      tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64,
+                      reserved: int = 0) -> bytes:
+    """What a host on ``port`` sends to the switch (flags: the IPv4 flags/offset word)."""
+    ip = _IPV4.pack(0x45, tos, 300, ident, flags, ttl, 17, 0, host_ip(port), SWITCH_IP)
+    ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
+    header = HEADER_STRUCT.pack(ptype, version, job, worker, owner, slot, exponent, count,
+                                reserved, offset)
+    return b"".join((SWITCH_MAC, host_mac(port), b"\x08\x00", ip,
+                     _UDP.pack(job_udp_port(job), BML_UDP_PORT, 280, 0), header,
+                     VALUES_STRUCT.pack(*values)))
+
+
+def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
+                 values: bytes | None) -> bytes:
+    """What the switch sends to the host on ``port`` in answer to ``trigger`` (docs/PROTOCOL.md
+    "Framing"): its addresses, the trigger's TOS, identification, flags and BML fields, TTL 64,
+    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK."""
+    ip_len, udp_len = (300, 280) if values is not None else (44, 24)
+    ip = _IPV4.pack(0x45, trigger[15], ip_len, int.from_bytes(trigger[18:20], "big"),
+                    int.from_bytes(trigger[20:22], "big"), 64, 17, 0, SWITCH_IP, host_ip(port))
+    ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
+    header = bytearray(trigger[42:58])
+    header[0] = ptype
+    header[8] = exponent
+    return b"".join((host_mac(port), SWITCH_MAC, b"\x08\x00", ip,
+                     _UDP.pack(BML_UDP_PORT, int.from_bytes(trigger[34:36], "big"), udp_len, 0),
+                     bytes(header), values or b""))
+
+
+def wrapping_sum(vectors: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Lane sums as the switch's 32-bit adders make them (two's complement, wrapping)."""
+    sums = []
+    for column in zip(*vectors, strict=True):
+        sums.append((sum(column) + (1 << 31)) % (1 << 32) - (1 << 31))
+    return tuple(sums)
+
+
+# ---------------------------------------------------------------------------- expectations
+@dataclass
+class Expect:
+    """What one packet must do: counter increments and the frames that leave."""
+
+    stats: Counter = field(default_factory=Counter)
+    drops: Counter = field(default_factory=Counter)
+    unaddressed: int = 0
+    outputs: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class Event:
+    """One packet: into ``port`` (CPU_PORT: a PacketOut with ``magic``)."""
+
+    index: int
+    what: str
+    port: int
+    frame: bytes
+    expect: Expect
+    magic: int = CONTROLLER_MAGIC
+
+    @property
+    def kind(self) -> str:
+        """``what`` without its numbers (job, slot, use, worker): what the report tallies."""
+        return " ".join(w for w in self.what.split()
+                        if not re.fullmatch(r"[jsuw]?\d+", w)).rstrip(",")
+
+    def wire(self) -> bytes:
+        """The frame as the pipeline sees it (a PacketOut's packet_out header in front)."""
+        if self.port == CPU_PORT:
+            return self.magic.to_bytes(2, "big") + self.frame
+        return self.frame
+
+
+@dataclass
+class Round:
+    """One use of a slot: its offset, owner and every worker's contribution."""
+
+    job: Job
+    slot: int
+    use: int
+    offset: int
+    owner: int
+    exponents: dict[int, int]
+    values: dict[int, tuple[int, ...]]
+    sent: dict[int, bytes] = field(default_factory=dict)  # worker -> its first frame
+    contributed: list[int] = field(default_factory=list)
+    moved: set[int] = field(default_factory=set)  # workers now in the slot's next round
+    resendable: bool = True  # False once a RESET emptied the copy under it
+
+    @property
+    def version(self) -> int:
+        return self.use % 2
+
+    @property
+    def complete(self) -> bool:
+        return len(self.contributed) == len(self.job.workers)
+
+
+class Generator:
+    """Builds the event sequence; its state is what the hosts and the controller know."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.events: list[Event] = []
+        self.offsets = iter(range(64, 1 << 32, 64 * 7))
+        self.rounds: dict[tuple[int, int], Round] = {}
+        self.previous: dict[tuple[int, int], Round] = {}
+        for job in JOBS:
+            for slot in range(job.group.pool_size):
+                self.rounds[job.job_id, slot] = self._new_round(job, slot, 0)
+        self.ident = 0
+        self.decks: dict[tuple[str, ...], list[str]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _new_round(self, job: Job, slot: int, use: int) -> Round:
+        rng = self.rng
+        workers = sorted(job.workers)
+        owner = rng.choice(workers)
+        if job.to_owner and rng.random() < 0.25:
+            owner = 200  # no owner_route: the completed sum is dropped, NO_OWNER
+        big = rng.random() < 0.3  # full-range values: the sums wrap
+        bound = (1 << 31) - 1 if big else 1 << 20
+        values = {w: tuple(rng.randint(-bound - 1, bound) if rng.random() < 0.9 else 0
+                           for _ in range(VALUES_PER_PACKET)) for w in workers}
+        exponents = {w: rng.choice((EXPONENT_NONE, rng.randint(1, 255))) for w in workers}
+        return Round(job, slot, use, next(self.offsets), owner, exponents, values)
+
+    def _deal(self, kinds: tuple[str, ...]) -> str:
+        """The next of ``kinds`` from a shuffled deck: every kind comes up within a few
+        hundred packets, in a seeded order."""
+        deck = self.decks.setdefault(kinds, [])
+        if not deck:
+            deck.extend(kinds)
+            self.rng.shuffle(deck)
+        return deck.pop()
+
+    def _poison(self) -> tuple[int, ...]:
+        return tuple(self.rng.randint(-(1 << 31), (1 << 31) - 1)
+                     for _ in range(VALUES_PER_PACKET))
+
+    def _ip_fields(self) -> dict[int, int]:
+        """Varying IPv4 fields a result must copy (TOS, identification, DF, the reserved
+        flag: neither target looks at it)."""
+        self.ident = (self.ident + self.rng.randint(1, 999)) & 0xFFFF
+        return {"tos": self.rng.choice((0, 0, 0x10, 0xB8, 0x03)), "ident": self.ident,
+                "flags": self.rng.choice((0, 0, 0x4000, 0x8000)),
+                "ttl": self.rng.choice((64, 1, 255))}
+
+    def _bml_fields(self) -> dict[int, int]:
+        """BML fields the switch copies but does not act on: ``count`` (every lane is added
+        whatever it says, up to 64) and ``reserved``."""
+        rng = self.rng
+        return {"count": rng.choice((VALUES_PER_PACKET,) * 3 + (0, rng.randint(1, 63))),
+                "reserved": rng.choice((0, 0, 0, rng.randrange(1 << 16)))}
+
+    def _frame(self, rnd: Round, worker: int, values: tuple[int, ...] | None = None,
+               **overrides: int) -> bytes:
+        job = rnd.job
+        fields: dict = {"exponent": rnd.exponents[worker], "owner": rnd.owner}
+        fields.update(self._ip_fields())
+        fields.update(self._bml_fields())
+        fields.update(overrides)
+        port = fields.pop("port", job.workers.get(worker, 1))
+        return aggregation_frame(port, job.job_id, worker, rnd.slot, rnd.version, rnd.offset,
+                                 values if values is not None else rnd.values[worker], **fields)
+
+    def _add(self, what: str, port: int, frame: bytes, expect: Expect,
+             magic: int = CONTROLLER_MAGIC) -> None:
+        self.events.append(Event(len(self.events), what, port, frame, expect, magic))
+
+    def _drop(self, reason: DropReason) -> Expect:
+        return Expect(drops=Counter({reason: 1}))
+
+    def _copies(self, job: Job, trigger: bytes, ptype: int, exponent: int,
+                values: bytes | None, expect: Expect, ports: list[int],
+                owner_port: int | None) -> None:
+        """Egress: every copy addressed, or counted unaddressed; ACKs to non-owners."""
+        for port in ports:
+            if port not in ADDRESSED_PORTS:
+                expect.unaddressed += 1
+                continue
+            if owner_port is not None and port != owner_port:
+                expect.outputs.append((port, switch_frame(trigger, port, PacketType.ACK,
+                                                          exponent, None)))
+            else:
+                expect.outputs.append((port, switch_frame(trigger, port, ptype, exponent,
+                                                          values)))
+
+    def _answer(self, rnd: Round, trigger: bytes, ptype: int, expect: Expect,
+                ports: list[int]) -> None:
+        """A completed round's sum leaves (RESULT or RESULT_RETX), or NO_OWNER drops it."""
+        job = rnd.job
+        owner_port = None
+        if job.to_owner:  # ResultRouting looks up the owner the trigger names
+            owner_port = job.workers.get(trigger[47])
+            if owner_port is None:
+                expect.drops[DropReason.NO_OWNER] += 1
+                return
+        total = wrapping_sum([rnd.values[w] for w in rnd.contributed])
+        exponent = max(rnd.exponents[w] for w in rnd.contributed)
+        self._copies(job, trigger, ptype, exponent, VALUES_STRUCT.pack(*total), expect, ports,
+                     owner_port)
+
+    # ------------------------------------------------------------------ actions
+    def contribute(self) -> None:
+        """A worker's first contribution to its slot's current round (the last one of the
+        round gets the sum to the group)."""
+        job = self.rng.choice(JOBS)
+        slot = self.rng.randrange(job.group.pool_size)
+        rnd = self.rounds[job.job_id, slot]
+        if rnd.complete:
+            self.previous[job.job_id, slot] = rnd
+            rnd = self.rounds[job.job_id, slot] = self._new_round(job, slot, rnd.use + 1)
+        worker = self.rng.choice([w for w in job.workers if w not in rnd.contributed])
+        frame = self._frame(rnd, worker)
+        if self.rng.random() < 0.05:  # the IPv4 checksum is not checked (docs/PROTOCOL.md)
+            frame = frame[:24] + bytes([frame[24] ^ 0x5A]) + frame[25:]
+        rnd.sent[worker] = frame
+        rnd.contributed.append(worker)
+        expect = Expect(stats=Counter({Stat.AGGREGATED: 1}))
+        if rnd.complete:
+            expect.stats[Stat.COMPLETED] += 1
+            self._answer(rnd, frame, PacketType.RESULT, expect, sorted(job.workers.values()))
+        previous = self.previous.get((job.job_id, slot))
+        if previous is not None:  # its bit leaves the other copy: no more answers from there
+            previous.moved.add(worker)
+        self._add(f"data j{job.job_id} s{slot} u{rnd.use} w{worker}", job.workers[worker],
+                  frame, expect)
+
+    def resend(self) -> None:
+        """A contribution sent again: a duplicate while its round fills, the stored sum back to
+        that worker once it completed (while the worker's bit is still in that copy)."""
+        choices = []
+        for rnd in self.rounds.values():
+            if rnd.resendable:
+                choices += [(rnd, w) for w in rnd.contributed]
+        for rnd in self.previous.values():
+            if rnd.resendable:
+                choices += [(rnd, w) for w in rnd.contributed if w not in rnd.moved]
+        if not choices:
+            return self.contribute()
+        rnd, worker = self.rng.choice(choices)
+        # A re-send: fresh IPv4 fields; sometimes other values, which must change nothing, or
+        # another owner (the answer goes where the re-send's owner_id says).
+        overrides = {}
+        if rnd.job.to_owner and self.rng.random() < 0.3:
+            overrides["owner"] = self.rng.choice([*rnd.job.workers, 200])
+        frame = self._frame(rnd, worker, self._poison() if self.rng.random() < 0.3 else None,
+                            **overrides)
+        if rnd.complete:
+            expect = Expect(stats=Counter({Stat.RETX_ANSWERED: 1}))
+            self._answer(rnd, frame, PacketType.RESULT_RETX, expect, [rnd.job.workers[worker]])
+            what = "retx"
+        else:
+            expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
+            what = "duplicate"
+        self._add(f"{what} j{rnd.job.job_id} s{rnd.slot} u{rnd.use} w{worker}",
+                  rnd.job.workers[worker], frame, expect)
+
+    def _open_round(self) -> tuple[Round, int] | None:
+        """A round in progress and a worker that has not contributed to it yet: what a bad
+        packet impersonates, so that admitting it would change the round's sum."""
+        rounds = [r for r in self.rounds.values() if not r.complete]
+        if not rounds:
+            return None
+        rnd = self.rng.choice(rounds)
+        return rnd, self.rng.choice([w for w in rnd.job.workers if w not in rnd.contributed])
+
+    def stale(self) -> None:
+        """A contribution with another offset into a copy that is filling: STALE; or from a
+        worker already in the round: a duplicate (never admitted either way)."""
+        rounds = [r for r in self.rounds.values() if r.contributed and not r.complete]
+        if not rounds:
+            return self.contribute()
+        rnd = self.rng.choice(rounds)
+        worker = self.rng.choice(sorted(rnd.job.workers))
+        offset = self.rng.choice((rnd.offset - 64 * 7 * len(self.rounds), 0xFFFFFFFF,
+                                  rnd.offset + 64))
+        frame = aggregation_frame(rnd.job.workers[worker], rnd.job.job_id, worker, rnd.slot,
+                                  rnd.version, offset & 0xFFFFFFFF, self._poison(),
+                                  owner=rnd.owner, **self._ip_fields())
+        if worker in rnd.contributed:
+            expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
+        else:
+            expect = self._drop(DropReason.STALE)
+        self._add(f"stale j{rnd.job.job_id} s{rnd.slot} w{worker}", rnd.job.workers[worker],
+                  frame, expect)
+
+    def forged(self) -> None:
+        """One admission fault in an otherwise plausible contribution (poison values)."""
+        found = self._open_round()
+        if found is None:
+            return self.contribute()
+        rnd, worker = found
+        job, rng = rnd.job, self.rng
+        poison = self._poison()
+        port = job.workers[worker]
+        kind = self._deal(("job", "worker", "port", "slot", "count", "type", "version",
+                           "reset", "magic", "cpu-job", "cpu-data", "cpu-tail", "cpu-short"))
+        if kind == "job":
+            frame = aggregation_frame(port, UNKNOWN_JOB, worker, rnd.slot, rnd.version,
+                                      rnd.offset, poison)
+            self._add("forged unknown job", port, frame, self._drop(DropReason.UNKNOWN_JOB))
+        elif kind == "worker":
+            forged = rng.choice([w for w in (4, 5, 6, 31, 32, 200) if w not in job.workers])
+            frame = self._frame(rnd, worker, poison, port=port)
+            frame = frame[:46] + bytes([forged]) + frame[47:]
+            self._add(f"forged worker {forged}", port, frame,
+                      self._drop(DropReason.FORGED_WORKER))
+        elif kind == "port":
+            other = rng.choice([p for p in PORTS if p != port])
+            frame = self._frame(rnd, worker, poison, port=other)
+            self._add(f"wrong port {other}", other, frame, self._drop(DropReason.WRONG_PORT))
+        elif kind == "slot":
+            frame = aggregation_frame(port, job.job_id, worker,
+                                      job.group.pool_size + rng.randrange(3), rnd.version,
+                                      rnd.offset, poison)
+            self._add("bad slot", port, frame, self._drop(DropReason.BAD_SLOT))
+        elif kind == "count":
+            frame = self._frame(rnd, worker, poison, count=rng.randint(65, 255))
+            self._add("bad count", port, frame, self._drop(DropReason.BAD_COUNT))
+        elif kind == "type":
+            ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK, 7,
+                                255))
+            frame = self._frame(rnd, worker, poison, ptype=ptype)
+            self._add(f"bad type {ptype}", port, frame, self._drop(DropReason.BAD_TYPE))
+        elif kind == "version":
+            frame = self._frame(rnd, worker, poison)
+            frame = frame[:43] + bytes([rng.choice((2, 3, 255))]) + frame[44:]
+            self._add("bad version", port, frame, self._drop(DropReason.BAD_TYPE))
+        elif kind == "reset":
+            frame = self._frame(rnd, worker, poison, ptype=PacketType.RESET)
+            self._add("reset from a port", port, frame, self._drop(DropReason.FORGED_CONTROL))
+        elif kind == "magic":
+            frame = self._frame(rnd, worker, poison, ptype=rng.choice((PacketType.RESET,
+                                                                        PacketType.DATA)))
+            self._add("packet-out, bad magic", CPU_PORT, frame,
+                      self._drop(DropReason.FORGED_CONTROL), magic=rng.choice((0, 0xB3C1)))
+        elif kind == "cpu-data":
+            # The controller's own magic, but a worker's packet: workers are on their ports.
+            frame = self._frame(rnd, worker, poison, ptype=rng.choice((PacketType.DATA,
+                                                                        PacketType.BROADCAST)))
+            self._add("packet-out, a worker's packet", CPU_PORT, frame,
+                      self._drop(DropReason.WRONG_PORT))
+        elif kind in ("cpu-tail", "cpu-short"):
+            # A RESET of the round's slot that is not a whole frame: the slot is untouched.
+            frame = aggregation_frame(1, job.job_id, 0, rnd.slot, 0, 0, poison,
+                                      ptype=PacketType.RESET)
+            if kind == "cpu-tail":
+                frame += bytes(rng.randint(1, 8))
+                expect = self._drop(DropReason.BAD_LENGTH)
+            else:
+                frame = frame[:rng.randint(42, 313)]
+                expect = self._drop(DropReason.SHORT_PACKET)
+            self._add(f"packet-out, reset {kind[4:]}", CPU_PORT, frame, expect)
+        else:
+            frame = aggregation_frame(port, UNKNOWN_JOB, 0, 0, 0, 0, poison,
+                                      ptype=PacketType.RESET)
+            self._add("packet-out, unknown job", CPU_PORT, frame,
+                      self._drop(DropReason.UNKNOWN_JOB))
+
+    def malformed(self) -> None:
+        """A contribution of an open round broken at the Ethernet, IPv4 or UDP level: either
+        ordinary traffic (docs/PROTOCOL.md: to the switch's MAC no route, to a host's MAC
+        forwarded byte for byte) or a counted drop; never aggregated."""
+        found = self._open_round()
+        if found is None:
+            return self.contribute()
+        rnd, worker = found
+        rng = self.rng
+        port = rnd.job.workers[worker]
+        frame = self._frame(rnd, worker, self._poison())
+        kind = self._deal(("vlan", "qinq", "version", "ihl", "options", "mf", "fragment",
+                           "proto", "ip-len", "udp-len", "trailing", "short", "no-udp",
+                           "no-ip"))
+        drop = None
+        if kind in ("vlan", "qinq"):
+            tci = rng.choice((0, rng.randrange(1 << 16))).to_bytes(2, "big")  # VID 0: priority
+            tag = (b"\x88\xa8" + tci + b"\x81\x00" + tci) if kind == "qinq" else b"\x81\x00" + tci
+            frame = frame[:12] + tag + frame[12:]
+        elif kind == "version":
+            frame = with_ip_checksum(frame[:14] + bytes([rng.choice((0, 5, 6, 15)) << 4 | 5])
+                                     + frame[15:])
+        elif kind == "ihl":  # the nibble only: the bytes after 20 are what they were
+            frame = frame[:14] + bytes([0x40 | rng.choice((0, 4, 6, 15))]) + frame[15:]
+        elif kind == "options":
+            words = rng.randint(1, 10)
+            options = b"\x01" * (4 * words - 1) + b"\x00"
+            header = bytearray(frame[14:34])
+            header[0] = 0x40 | (5 + words)
+            header[2:4] = (300 + 4 * words).to_bytes(2, "big")
+            frame = with_ip_checksum(frame[:14] + bytes(header) + options + frame[34:])
+        elif kind == "mf":
+            frame = with_ip_checksum(frame[:20] + bytes([frame[20] | 0x20]) + frame[21:])
+        elif kind == "fragment":
+            offset = rng.randint(1, 0x1FFF)
+            frame = with_ip_checksum(frame[:20] + bytes([frame[20] & 0xE0 | offset >> 8,
+                                                         offset & 0xFF]) + frame[22:])
+        elif kind == "proto":
+            frame = with_ip_checksum(frame[:23] + bytes([rng.choice((6, 1, 132))]) + frame[24:])
+        elif kind == "ip-len":
+            length = rng.choice((44, 299, 301, 1500, 0))
+            frame = with_ip_checksum(frame[:16] + length.to_bytes(2, "big") + frame[18:])
+            drop = DropReason.BAD_LENGTH
+        elif kind == "udp-len":
+            length = rng.choice((24, 279, 281, 8, 0xFFFF))
+            frame = frame[:38] + length.to_bytes(2, "big") + frame[40:]
+            drop = DropReason.BAD_LENGTH
+        elif kind == "trailing":
+            frame = frame + bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+            drop = DropReason.BAD_LENGTH
+        elif kind == "short":
+            frame = frame[:rng.randint(42, 313)]
+            drop = DropReason.SHORT_PACKET
+        elif kind == "no-udp":  # too short for a UDP header: nothing says it is for the switch
+            frame = frame[:rng.randint(34, 41)]
+        else:  # IPv4 type, not even a whole IPv4 header (BMv2's parser stops with an error)
+            frame = frame[:rng.randint(14, 33)]
+        if drop is not None:
+            expect = self._drop(drop)
+        elif rng.random() < 0.4:  # to a host: forwarded, and not rewritten
+            target = rng.choice(FORWARDED_PORTS)
+            frame = host_mac(target) + frame[6:]
+            expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(target, frame)])
+            kind += " to a host"
+        else:
+            expect = self._drop(DropReason.NO_ROUTE)
+        self._add(f"malformed {kind}", port, frame, expect)
+
+    def ordinary(self) -> None:
+        """Traffic that is not to the aggregation port, from a host or the controller (a
+        PacketOut goes through the same tables): forwarded unchanged by MAC."""
+        rng = self.rng
+        src = rng.choice((*PORTS, CPU_PORT))
+        src_mac, src_ip = (SWITCH_MAC, SWITCH_IP) if src == CPU_PORT else (host_mac(src),
+                                                                            host_ip(src))
+        known = rng.random() < 0.7
+        dst_port = rng.choice(FORWARDED_PORTS)
+        dst = host_mac(dst_port) if known else rng.choice((UNKNOWN_MAC, SWITCH_MAC))
+        kind = self._deal(("udp", "arp", "raw", "ipv4-options"))
+        if kind == "udp":
+            size = rng.choice((rng.randint(0, 300), rng.randint(1400, 8900)))  # veths: MTU 9000
+            payload = bytes(rng.randrange(256) for _ in range(size))
+            udp = _UDP.pack(rng.randint(1, 65535), rng.choice((53, 40021, BML_UDP_PORT - 1)),
+                            8 + len(payload), rng.randrange(1 << 16)) + payload
+            ip = _IPV4.pack(0x45, 0, 20 + len(udp), 7, 0, 64, 17, 0, src_ip, host_ip(2))
+            frame = with_ip_checksum(dst + src_mac + b"\x08\x00" + ip + udp)
+            if rng.random() < 0.3:  # a wrong IPv4 checksum: not checked, not rewritten
+                frame = frame[:24] + bytes([frame[24] ^ 0xFF]) + frame[25:]
+        elif kind == "arp":
+            frame = dst + src_mac + b"\x08\x06" + bytes(rng.randrange(256)
+                                                               for _ in range(28))
+        elif kind == "raw":
+            frame = dst + src_mac + bytes(rng.randrange(256)
+                                                for _ in range(rng.randint(2, 120)))
+            if frame[12:14] in (b"\x08\x00", b"\x81\x00", b"\x88\xa8", b"\x91\x00"):
+                frame = frame[:12] + b"\x86\xdd" + frame[14:]  # IPv4 and tags: cases above
+        else:  # options and a wrong checksum: both must leave unchanged
+            ip = bytes([0x46]) + bytes(rng.randrange(256) for _ in range(23))
+            frame = dst + src_mac + b"\x08\x00" + ip + bytes(16)
+        if known:
+            expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(dst_port, frame)])
+        else:
+            expect = self._drop(DropReason.NO_ROUTE)
+        self._add(f"ordinary {kind}", src, frame, expect)
+
+    def broadcast(self) -> None:
+        """A worker's BROADCAST: to the group's other members, unchanged but re-addressed."""
+        job = self.rng.choice(JOBS)
+        worker = self.rng.choice(sorted(job.workers))
+        port = job.workers[worker]
+        values = self._poison()
+        exponent = self.rng.randint(0, 255)
+        frame = aggregation_frame(port, job.job_id, worker, self.rng.randrange(
+            job.group.pool_size), self.rng.randint(0, 1), self.rng.randrange(1 << 32), values,
+            exponent=exponent, owner=self.rng.randrange(256), ptype=PacketType.BROADCAST,
+            **self._ip_fields(), **self._bml_fields())
+        expect = Expect(stats=Counter({Stat.BROADCAST: 1}))
+        others = [p for p in sorted(job.workers.values()) if p != port]
+        self._copies(job, frame, PacketType.BROADCAST, exponent, VALUES_STRUCT.pack(*values),
+                     expect, others, None)
+        self._add(f"broadcast j{job.job_id} w{worker}", port, frame, expect)
+
+    def reset(self) -> None:
+        """The controller's RESET of one slot (both copies): a round in progress starts over
+        (its workers send again); a completed one can no longer be answered."""
+        job = self.rng.choice(JOBS)
+        slot = self.rng.randrange(job.group.pool_size)
+        rnd = self.rounds[job.job_id, slot]
+        frame = aggregation_frame(1, job.job_id, 0, slot, 0, 0, (0,) * VALUES_PER_PACKET,
+                                  ptype=PacketType.RESET)
+        frame = SWITCH_MAC + SWITCH_MAC + frame[12:]
+        if rnd.complete:
+            rnd.resendable = False
+        else:
+            rnd.contributed.clear()
+            rnd.sent.clear()
+        previous = self.previous.get((job.job_id, slot))
+        if previous is not None:
+            previous.resendable = False
+        self._add(f"reset j{job.job_id} s{slot}", CPU_PORT, frame,
+                  Expect(stats=Counter({Stat.RESET: 1})))
+
+    ACTIONS = (("contribute", 40), ("resend", 14), ("stale", 6), ("forged", 12),
+               ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2))
+
+    def generate(self, packets: int) -> list[Event]:
+        names = [name for name, _ in self.ACTIONS]
+        weights = [weight for _, weight in self.ACTIONS]
+        while len(self.events) < packets:
+            getattr(self, self.rng.choices(names, weights)[0])()
+        return self.events[:packets]
+
+
+def generate(seed: int, packets: int) -> list[Event]:
+    """``packets`` events of the seeded sequence (the same seed gives the same bytes)."""
+    return Generator(seed).generate(packets)
+
