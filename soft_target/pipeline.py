@@ -177,7 +177,9 @@ class Pipeline:
     def _aggregate(self, frame: bytes, port: int, job: JobConfig, ptype: int, version: int,
                    worker_id: int, slot: int, exponent: int, offset: int,
                    tables: Tables) -> list[tuple[int, bytes]]:
-        copy0 = (job.pool_base + slot) << 1  # the control plane keeps pools inside POOL_SLOTS
+        copy0 = ((job.pool_base + slot) << 1) & 0xFFFFFFFF  # bit<32> arithmetic
+        if copy0 >= POOL_COPIES:
+            return self._past_registers(frame, port, job, ptype, exponent, tables)
         bitmaps = self.worker_bitmap
         if ptype == PacketType.RESET:
             bitmaps[copy0] = bitmaps[copy0 | 1] = 0
@@ -224,6 +226,23 @@ class Pipeline:
         self.stats[Stat.COMPLETED] += 1
         return self._route(frame, port, job, PacketType.RESULT, best,
                            row.astype(_BE_VALUES).tobytes(), tables)
+
+    def _past_registers(self, frame: bytes, port: int, job: JobConfig, ptype: int,
+                        exponent: int, tables: Tables) -> list[tuple[int, bytes]]:
+        """A pool that lies past the register arrays (only a control plane that does not check
+        installs one; ours keeps pools inside POOL_SLOTS). BMv2 reads 0 there and ignores the
+        writes, so every contribution is the first of an empty copy and nothing is kept: a
+        RESET is counted, a contribution is aggregated alone and completes only a one-worker
+        job, with its own values."""
+        if ptype == PacketType.RESET:
+            self.stats[Stat.RESET] += 1
+            return []
+        self.stats[Stat.AGGREGATED] += 1
+        if job.num_workers != 1:
+            return []
+        self.stats[Stat.COMPLETED] += 1
+        return self._route(frame, port, job, PacketType.RESULT, exponent,
+                           frame[VALUES_OFF:FULL_END], tables)
 
     def _route(self, frame: bytes, port: int, job: JobConfig, ptype: int, exponent: int,
                values: bytes, tables: Tables) -> list[tuple[int, bytes]]:

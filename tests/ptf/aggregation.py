@@ -12,7 +12,7 @@ from common.bml_test import (
     lane_sums,
 )
 
-from bml.protocol import VALUES_PER_PACKET, PacketType, ResultMode, Stat
+from bml.protocol import POOL_SLOTS, VALUES_PER_PACKET, PacketType, ResultMode, Stat
 
 rng = random.Random(20261202)
 
@@ -250,3 +250,34 @@ class ResetThroughPacketOut(BmlTest):
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
+
+
+class PoolPastTheRegisters(BmlTest):
+    """Found by differential probing: a job whose pool runs past the register arrays (only a
+    control plane that does not check installs one) crashed the software target, while BMv2
+    reads 0 there and ignores the writes. Both now: past the arrays nothing is remembered, so
+    every contribution is aggregated alone, a re-send is no duplicate, only a one-worker job
+    completes (with its own values); inside the arrays the same pool works as ever."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2], pool_base=POOL_SLOTS - 4, pool_size=16)  # slots 4.. are past
+        self.add_job(8, [3], pool_base=POOL_SLOTS - 4, pool_size=16)
+        a, b = random_values(), random_values()
+        before = self.counters()
+        first = contribution(1, 7, 0, a, slot=9)
+        tu.send_packet(self, 1, first)
+        tu.send_packet(self, 1, first)
+        tu.send_packet(self, 2, contribution(2, 7, 1, b, slot=9))
+        tu.verify_no_other_packets(self)
+        alone = contribution(3, 8, 0, b, slot=12, exponent=130)
+        tu.send_packet(self, 3, alone)
+        tu.verify_packet(self, from_switch(alone, 3, PacketType.RESULT, b), 3)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 4, Stat.COMPLETED: 1})
+        inside = [contribution(1, 7, 0, a, slot=3), contribution(2, 7, 1, b, slot=3)]
+        tu.send_packet(self, 1, inside[0])
+        tu.send_packet(self, 2, inside[1])
+        for port in (1, 2):
+            tu.verify_packet(self, from_switch(inside[1], port, PacketType.RESULT,
+                                               lane_sums(a, b)), port)
+        tu.verify_no_other_packets(self)
