@@ -253,7 +253,11 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                             return
                         outgoing.put(self._arbitrate(stream, request.arbitration))
                     elif kind == "packet":
-                        self._packet_out(request.packet)
+                        with self.lock:
+                            election = self.elections.get(stream)
+                            primary = election is not None and election == self._primary()
+                        if primary:  # as PI: a backup's (or a stranger's) packet is dropped
+                            self._packet_out(request.packet)
             except grpc.RpcError:
                 pass
             finally:
@@ -283,6 +287,7 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             self.elections[stream] = (arbitration.election_id.high, arbitration.election_id.low)
             primary = self._primary() == self.elections[stream]
         response.arbitration.status.code = code_pb2.OK if primary else code_pb2.ALREADY_EXISTS
+        response.arbitration.status.message = "Is primary" if primary else "Is backup"  # as PI
         return response
 
     def _packet_out(self, packet: p4runtime_pb2.PacketOut) -> None:
@@ -292,8 +297,13 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         header = 0
         width = 0
         values = {m.metadata_id: m.value for m in packet.metadata}
-        for _name, (mid, bitwidth) in p4info.packet_out_metadata.items():
-            header = (header << bitwidth) | int.from_bytes(values.get(mid, b""), "big")
+        for name, (mid, bitwidth) in p4info.packet_out_metadata.items():
+            value = int.from_bytes(values.get(mid, b""), "big")  # missing: 0, as in PI
+            if value >> bitwidth:  # as PI: a value wider than its field drops the packet
+                log.warning("packet-out dropped: %s = %#x does not fit in %d bits", name,
+                            value, bitwidth)
+                return
+            header = (header << bitwidth) | value
             width += bitwidth
         frame = header.to_bytes(width // 8, "big") + packet.payload
         self.run_in_loop(lambda: self.transmit(self.pipeline.process(CPU_PORT, frame)))

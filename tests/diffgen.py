@@ -95,8 +95,9 @@ class Job:
 JOBS = (
     Job(AggregationGroup("dut", 21, {0: 1, 1: 2, 2: 3}, ResultMode.MULTICAST, 0, 3)),
     Job(AggregationGroup("dut", 22, {0: 4, 1: 5, 2: 6}, ResultMode.TO_OWNER, 3, 3)),
-    # sparse worker ids; worker 7 on port 8, which has no host_address
-    Job(AggregationGroup("dut", 23, {0: 1, 3: 4, 7: 8}, ResultMode.MULTICAST, 6, 2)),
+    # sparse worker ids, 31 the bitmap's top bit; worker 7 on port 8, which has no
+    # host_address
+    Job(AggregationGroup("dut", 23, {0: 1, 31: 4, 7: 8}, ResultMode.MULTICAST, 6, 2)),
 )
 UNKNOWN_JOB = 99
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import ptf
 import ptf.testutils as tu
+from p4.v1 import p4runtime_pb2
 from ptf.base_tests import BaseTest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -109,6 +110,15 @@ class BmlTest(BaseTest):
         before = self.stat(Stat.RESET)
         self.session.packet_out(reset_frames(SWITCH, group)[slot])
         self.wait_for(lambda: self.stat(Stat.RESET) == before + 1, "slot reset")
+
+    def packet_out_raw(self, session: SwitchSession, frame: bytes, magic: bytes) -> None:
+        """A PacketOut whose ``magic`` metadata is these bytes, as given (the session's own
+        ``packet_out`` always encodes the right one)."""
+        request = p4runtime_pb2.StreamMessageRequest()
+        request.packet.payload = frame
+        metadata_id, _width = session.p4info.packet_out_metadata["magic"]
+        request.packet.metadata.add(metadata_id=metadata_id, value=magic)
+        session.client.stream_out_q.put(request)
 
     # ------------------------------------------------------------------ counters
     def stat(self, which: Stat) -> int:
