@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import have_torch, parse_size, run_workers
 from bml import cost_model
 from control_plane.fabric import Fabric
 from emulation import net
@@ -34,96 +31,17 @@ from emulation.netns import Shaping, rate_bits
 from emulation.workers import check_sum
 
 RESULTS = Path("results")
-REPO = Path(__file__).resolve().parent.parent
-# Both schemes run alike: a small warm-up allreduce that also waits for every worker (a
-# barrier), then the timed allreduce; each worker reports its seconds and its NIC's bytes.
-WORKER_PRELUDE = """
-import json, sys, time
-import numpy as np
-rank, world, size, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-grad = np.random.default_rng([size, rank]).standard_normal(size).astype(np.float32)
-def nic_tx_bytes():
-    return int(open("/sys/class/net/eth0/statistics/tx_bytes").read())
-"""
-BML_SCRIPT = WORKER_PRELUDE + textwrap.dedent("""
-    from hosts.api import Worker
-    with Worker(job=1, rank=rank, world=world, timeout=600) as worker:
-        worker.allreduce(np.ones(1024, np.float32))
-        sent = nic_tx_bytes()
-        t0 = time.monotonic()
-        total = worker.allreduce(grad)
-        seconds = time.monotonic() - t0
-        sent = nic_tx_bytes() - sent
-        stats = worker.last_stats
-    np.save(out, total)
-    print(json.dumps({"seconds": seconds, "nic_bytes": sent,
-                      "retransmissions": stats.retransmissions}))
-""")
-GLOO_SCRIPT = WORKER_PRELUDE + textwrap.dedent("""
-    import datetime, os
-    import torch, torch.distributed as dist
-    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    dist.init_process_group("gloo", init_method=f"tcp://{sys.argv[5]}:29500", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
-    torch.set_num_threads(1)
-    x = torch.from_numpy(grad.copy())
-    dist.all_reduce(torch.ones(1024))
-    dist.barrier()
-    sent = nic_tx_bytes()
-    t0 = time.monotonic()
-    dist.all_reduce(x)
-    seconds = time.monotonic() - t0
-    sent = nic_tx_bytes() - sent
-    np.save(out, x.numpy())
-    print(json.dumps({"seconds": seconds, "nic_bytes": sent}))
-    dist.destroy_process_group()
-""")
 
 
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"(\d+)([KMkm]?)", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}")
-    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
-
-
-def have_torch() -> bool:
-    return subprocess.run([sys.executable, "-c", "import torch.distributed"],
-                          capture_output=True).returncode == 0
-
-
-def gradients(workers: int, size: int) -> list[np.ndarray]:
-    """What the worker scripts sum (same seeds), to check their results against."""
-    return [np.random.default_rng([size, rank]).standard_normal(size).astype(np.float32)
-            for rank in range(workers)]
-
-
-def run_workers(state, script_text: str, workers: int, size: int, tmp: Path,
-                extra: list[str] | None = None) -> dict:
-    """The script in every server's namespace at once; GST is the slowest worker's time."""
-    script = tmp / "worker.py"
-    script.write_text(script_text)
-    outs = [tmp / f"sum{rank}.npy" for rank in range(workers)]
-    processes = [subprocess.Popen(
-        ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, str(script),
-         str(rank), str(workers), str(size), str(outs[rank]), *(extra or [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)}) for rank in range(workers)]
-    reports = []
-    for process in processes:
-        try:
-            out, err = process.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-        if process.returncode != 0:
-            raise RuntimeError(f"worker failed: {err[-1500:]}")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    grads = gradients(workers, size)
-    return {"gst": max(r["seconds"] for r in reports),
-            "nic_bytes": max(r["nic_bytes"] for r in reports),
-            "retransmissions": sum(r.get("retransmissions", 0) for r in reports),
-            "correct": all(check_sum(np.load(out), grads)[2] for out in outs)}
+def run(state, scheme: str, workers: int, size: int, tmp: Path,
+        extra: list[str] | None = None) -> dict:
+    """Both schemes run alike (``benchmarks/worker.py``): a small warm-up allreduce that also
+    waits for every worker (a barrier), then the timed allreduce; GST is the slowest worker's
+    time, bytes the busiest NIC's sent."""
+    result = run_workers(state, scheme, workers, size, tmp, extra,
+                         check=lambda total, grads: check_sum(total, grads)[2])
+    return {"gst": result.gst, "nic_bytes": result.busiest()[0],
+            "retransmissions": result.retransmissions, "correct": result.correct}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         Fabric.load(state.run_dir / "fabric.json").add_job(1, list(range(args.workers)))
         with tempfile.TemporaryDirectory(prefix="bml-gst-") as tmp:
             for size in args.sizes:
-                bml = run_workers(state, BML_SCRIPT, args.workers, size, Path(tmp))
+                bml = run(state, "bml", args.workers, size, Path(tmp))
                 model = cost_model.in_network_gst(size, rate)
                 row = {"elements": size, "workers": args.workers, "rate_bps": rate,
                        "bml_gst": bml["gst"], "bml_model_gst": model,
@@ -156,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                       f", correct={bml['correct']}", flush=True)
                 if torch_ok:
                     time.sleep(1)
-                    gloo = run_workers(state, GLOO_SCRIPT, args.workers, size, Path(tmp),
-                                       [state.topo().nics(0)[0].ip])
+                    gloo = run(state, "ring", args.workers, size, Path(tmp),
+                               ["--master", state.topo().nics(0)[0].ip])
                     row.update({"gloo_gst": gloo["gst"], "gloo_nic_bytes": gloo["nic_bytes"],
                                 "gloo_correct": gloo["correct"]})
                     print(f"gloo       {size:>8} floats: GST {gloo['gst']:.2f} s "

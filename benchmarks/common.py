@@ -1,0 +1,94 @@
+"""What the GST benchmarks share: sizes, the workers' gradients, and running one worker per
+server namespace at once (``benchmarks/worker.py``, the same warm-up, timing and byte
+counting for every scheme)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_size(text: str) -> int:
+    """``256K`` -> 262144 float32 elements."""
+    match = re.fullmatch(r"(\d+)([KMkm]?)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}")
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[match.group(2).lower()]
+
+
+def gradient(size: int, rank: int) -> np.ndarray:
+    """Worker ``rank``'s gradient: seeded, so the harness can check every worker's sum."""
+    return np.random.default_rng([size, rank]).standard_normal(size).astype(np.float32)
+
+
+def gradients(workers: int, size: int) -> list[np.ndarray]:
+    return [gradient(size, rank) for rank in range(workers)]
+
+
+def have_torch() -> bool:
+    return subprocess.run([sys.executable, "-c", "import torch.distributed"],
+                          capture_output=True).returncode == 0
+
+
+@dataclass
+class Run:
+    """One scheme's run: every participant's report; GST is the slowest worker's time."""
+
+    reports: list[dict]
+    correct: bool
+    workers: int
+    nic_bytes: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def gst(self) -> float:
+        return max(r["seconds"] for r in self.reports[:self.workers])
+
+    def busiest(self) -> tuple[int, int]:
+        """(most bytes one NIC sent, most bytes one NIC received) over all participants."""
+        pairs = [pair for r in self.reports for pair in r["nics"].values()]
+        return max(tx for tx, _ in pairs), max(rx for _, rx in pairs)
+
+    @property
+    def retransmissions(self) -> int:
+        return sum(r.get("retransmissions", 0) for r in self.reports)
+
+
+def run_workers(state, scheme: str, workers: int, size: int, tmp: Path,
+                extra: list[str] | None = None, participants: int | None = None,
+                timeout: float = 900, check=None) -> Run:
+    """``benchmarks.worker`` in the first ``participants`` (default ``workers``) server
+    namespaces at once; ``check(result, grads)`` -> bool judges each worker's sum."""
+    outs = [tmp / f"{scheme}-sum{rank}.npy" for rank in range(workers)]
+    processes = [subprocess.Popen(
+        ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, "-m",
+         "benchmarks.worker", scheme, str(rank), str(workers), str(size),
+         str(tmp / f"{scheme}-sum{rank}.npy"), *(extra or [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+        for rank in range(participants or workers)]
+    reports, errors = [], []
+    for rank, process in enumerate(processes):
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        if process.returncode != 0:
+            errors.append(f"rank {rank} ({scheme}) failed: {err[-1500:]}")
+            continue
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    grads = gradients(workers, size)
+    correct = all(check(np.load(out), grads) for out in outs) if check else True
+    return Run(reports, correct, workers)

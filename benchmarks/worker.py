@@ -1,0 +1,114 @@
+"""One benchmark worker, the same for every scheme: set up, warm up, time one allreduce.
+
+Every scheme runs alike in each server's namespace: connect (switch channels, TCP mesh, PS
+connections or a gloo group), a small warm-up allreduce that also waits for every worker (a
+barrier), then the timed allreduce of the gradient; the worker reports its seconds and the
+bytes each of its NICs sent and received during the timed call (sysfs counters), as JSON.
+
+    python -m benchmarks.worker SCHEME RANK WORLD SIZE OUT [--schedule S] [--servers P]
+        [--master IP]
+
+SCHEME: ``bml`` (hosts.api, every NIC, the job's or the given schedule), ``ps`` (hosts.ps,
+sharded, or with ``--servers`` dedicated; ranks >= WORLD are the servers), ``ring``
+(hosts.ring, gloo). The gradient of rank r is ``benchmarks.common.gradient(SIZE, r)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.common import gradient
+
+WARM_UP = 1024
+
+
+def interfaces() -> list[str]:
+    return sorted(name for name in os.listdir("/sys/class/net") if name.startswith("eth"))
+
+
+def packet_counters(names: list[str]) -> list[tuple[int, int]]:
+    """(tx, rx) packets of each interface: with the bytes, the mean frame size on the wire."""
+    base = "/sys/class/net/{}/statistics/{}_packets"
+    return [tuple(int(open(base.format(name, way)).read()) for way in ("tx", "rx"))
+            for name in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hosts.discovery import nic_counters
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scheme", choices=["bml", "ps", "ring"])
+    parser.add_argument("rank", type=int)
+    parser.add_argument("world", type=int)
+    parser.add_argument("size", type=int)
+    parser.add_argument("out")
+    parser.add_argument("--job", type=int, default=1)
+    parser.add_argument("--schedule")
+    parser.add_argument("--window", type=int, default=256, help="bml: slots in flight")
+    parser.add_argument("--timeout", type=float, default=600.0, help="bound on each call (s)")
+    parser.add_argument("--servers", type=int)
+    parser.add_argument("--master")
+    parser.add_argument("--interface", help="bml: this one NIC and its switch (a job on one "
+                        "level, hosts/transport.py)")
+    args = parser.parse_args(argv)
+    is_worker = args.rank < args.world
+    grad = gradient(args.size, args.rank) if is_worker else None
+    stats = {}
+    if args.scheme == "bml":
+        from hosts.api import Worker
+
+        scheme = Worker(job=args.job, rank=args.rank, world=args.world,
+                        interface=args.interface, window=args.window, timeout=args.timeout,
+                        start_timeout=60,
+                        schedule=args.schedule)
+    elif args.scheme == "ps":
+        from hosts.ps import ParameterServer
+
+        scheme = ParameterServer(args.rank, args.world, args.servers, timeout=args.timeout,
+                                 start_timeout=60)
+    else:
+        from hosts.ring import GlooRing
+
+        scheme = GlooRing(args.rank, args.world, args.master, timeout=args.timeout)
+
+    def call(values: np.ndarray | None, length: int) -> np.ndarray | None:
+        if args.scheme == "ps":  # a dedicated PS server has no gradient, only its length
+            return scheme.allreduce(values, length)
+        return scheme.allreduce(values)
+
+    names = interfaces()
+    try:
+        call(np.ones(WARM_UP, np.float32) if is_worker else None, WARM_UP)
+        if args.scheme == "ring":
+            scheme.barrier()
+        before, packets_before = nic_counters(names), packet_counters(names)
+        started = time.monotonic()
+        total = call(grad, args.size)
+        seconds = time.monotonic() - started
+        if hasattr(scheme, "drain"):  # PS: its last sends may still be leaving
+            scheme.drain()
+        after, packets_after = nic_counters(names), packet_counters(names)
+        if args.scheme == "bml":
+            stats = {"retransmissions": scheme.last_stats.retransmissions,
+                     "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
+                     "schedule": scheme.schedule_name}
+    finally:
+        scheme.close()
+    if total is not None:
+        np.save(args.out, total)
+    print(json.dumps({"rank": args.rank, "seconds": seconds, **stats,
+                      "nics": {name: [a[0] - b[0], a[1] - b[1]]
+                               for name, b, a in zip(names, before, after, strict=True)},
+                      "packets": {name: [a[0] - b[0], a[1] - b[1]] for name, b, a
+                                  in zip(names, packets_before, packets_after, strict=True)}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
