@@ -1,23 +1,28 @@
 """PyTorch DistributedDataParallel communication hook that sums gradients through BML-INA.
 
     from hosts.torch_hook import BmlHookState, bml_allreduce_hook
-    state = BmlHookState(job=1, rank=rank, world=world)       # one worker for the whole run
+    state = BmlHookState(job=1, rank=rank, world=world, fabric=".../fabric.json")
     ddp.register_comm_hook(state, bml_allreduce_hook)
     ...
     state.close()
 
-Each gradient bucket DDP hands the hook is summed in the switch (``hosts.api.Worker`` on
-``eth0``, the single-switch path of a star), divided by the world size and returned as a
-``torch.futures.Future``. The allreduce runs on one background thread, so the backward pass
-goes on while a bucket is in the network; one thread also keeps the calls in bucket order,
-which is the same on every rank (DDP launches buckets in index order), so every worker's n-th
-call is the same bucket. DDP itself still needs a process group (gloo) for its set-up: the
-broadcast of the initial parameters and, after step 1, of the rebuilt bucket order. Gradients
-never go through it.
+Each gradient bucket DDP hands the hook is summed through BML-INA, divided by the world size
+and returned as a ``torch.futures.Future``. By default the hook's ``hosts.api.Worker`` uses
+every NIC of the server and the job's recorded schedule (``hosts/engine.py``): on a star the
+switch sums each block, on a BCube the planned schedule runs on all levels at once. Given
+``interface``, it uses that NIC's switch only (a single-level job, ``hosts/transport.py``).
 
-A failed allreduce (a worker killed, the switch gone: ``TransportError`` after the worker's
-timeout) fails the future, so ``loss.backward()`` raises; ``HookFailed`` carries the first
-cause, and every later call fails at once instead of waiting out its own timeout.
+The allreduce runs on one background thread, so the backward pass goes on while a bucket is
+in the network, and one Worker (its sockets and its TCP mesh) serves the whole run. One thread
+also keeps the calls in bucket order, which is the same on every rank (DDP launches buckets in
+index order), so every worker's n-th call is the same bucket.
+
+DDP itself still needs a process group (gloo) for its set-up: the broadcast of the initial
+parameters and, after step 1, of the rebuilt bucket order. Gradients never go through it.
+
+A failed allreduce (a worker killed, a switch gone: ``TransportError``, at the latest after
+the worker's timeout) fails the future, so ``loss.backward()`` raises; ``HookFailed`` carries
+the first cause, and every later call fails at once instead of waiting out its own timeout.
 
 Importing this module needs torch (``pip install -e '.[torch]'``).
 """
@@ -42,17 +47,29 @@ class HookFailed(RuntimeError):
 
 class BmlHookState:
     """The hook's state: one BML-INA worker and one thread for the whole run, plus figures
-    (calls, elements, seconds in allreduce) that the training example reports."""
+    (calls, elements, seconds in allreduce, retransmissions) that the training example
+    reports.
 
-    def __init__(self, job: int, rank: int, world: int, interface: str = "eth0",
+    ``interface`` None: every NIC, the job's schedule (read from ``fabric``, the control
+    plane's file, when given; ``schedule`` overrides it); ``rank`` and ``world`` must then be
+    the server's number and the topology's server count. ``timeout`` bounds every call and,
+    unless ``start_timeout`` says otherwise, the set-up of the worker's connections too."""
+
+    def __init__(self, job: int, rank: int, world: int, interface: str | None = None,
+                 fabric: str | None = None, schedule: str | None = None,
                  timeout: float = 30.0, start_timeout: float | None = None,
                  worker: Worker | None = None) -> None:
         self.job, self.rank, self.world = job, rank, world
         self.timeout = timeout
-        # The priming round of every call also waits for the slowest rank to reach the same
-        # bucket, so it gets the same bound as the whole call by default.
-        self.worker = worker or Worker(job, rank, world, interface=interface, timeout=timeout,
-                                       start_timeout=start_timeout or timeout)
+        if worker is None:
+            start = start_timeout or timeout
+            if interface is not None:
+                worker = Worker(job, rank, world, interface=interface, timeout=timeout,
+                                start_timeout=start)
+            else:
+                worker = Worker(job, rank, world, timeout=timeout, start_timeout=start,
+                                schedule=schedule, fabric=fabric)
+        self.worker = worker
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"bml-hook-r{rank}")
         self.lock = threading.Lock()
         self.error: BaseException | None = None
@@ -61,8 +78,12 @@ class BmlHookState:
         self.seconds = 0.0
         self.retransmissions = 0
 
+    @property
+    def schedule_name(self) -> str:
+        return self.worker.schedule_name
+
     def allreduce_mean(self, flat: np.ndarray) -> np.ndarray:
-        """Sum over the ranks through the switch, divided by the world size (float32)."""
+        """Sum over the ranks through BML-INA, divided by the world size (float32)."""
         if self.error is not None:
             raise HookFailed(f"rank {self.rank}: an earlier gradient allreduce failed: "
                              f"{self.error}") from self.error
@@ -87,15 +108,16 @@ class BmlHookState:
                              f"failed: {self.error}") from self.error
 
     def close(self) -> None:
-        """Stop the thread (dropping calls not started) and release the worker's socket."""
+        """Stop the thread (dropping calls not started) and release the worker's sockets."""
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.worker.close()
 
 
 def bml_allreduce_hook(state: BmlHookState,
                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the bucket's mean over all ranks, summed in the switch."""
+    """DDP communication hook: the bucket's mean over all ranks, summed through BML-INA."""
     buffer = bucket.buffer()
+    # A copy: DDP may reuse the bucket's memory once the hook has returned.
     flat = buffer.detach().to("cpu", torch.float32).numpy().copy()
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 

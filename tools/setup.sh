@@ -28,6 +28,7 @@ fi
 stamp=.venv/.bml-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,bench]"
+  # torch (CPU) + mlxtend: the DDP hook, its tests and bml-train (tests/test_torch_hook.py)
+  .venv/bin/python -m pip install -q -e ".[test,bench,torch]"
   touch "$stamp"
 fi
