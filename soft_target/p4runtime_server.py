@@ -300,8 +300,8 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         for name, (mid, bitwidth) in p4info.packet_out_metadata.items():
             value = int.from_bytes(values.get(mid, b""), "big")  # missing: 0, as in PI
             if value >> bitwidth:  # as PI: a value wider than its field drops the packet
-                log.warning("packet-out dropped: %s = %#x does not fit in %d bits", name,
-                            value, bitwidth)
+                log.info("packet-out dropped: %s = %#x does not fit in %d bits", name,
+                         value, bitwidth)
                 return
             header = (header << bitwidth) | value
             width += bitwidth

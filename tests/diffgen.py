@@ -184,10 +184,14 @@ class Event:
         return " ".join(w for w in self.what.split()
                         if not re.fullmatch(r"[jsuw]?\d+", w)).rstrip(",")
 
+    def magic_bytes(self) -> bytes:
+        """A PacketOut's magic metadata as sent: 2 bytes, or more for a value too wide."""
+        return self.magic.to_bytes(max(2, (self.magic.bit_length() + 7) // 8), "big")
+
     def wire(self) -> bytes:
         """The frame as the pipeline sees it (a PacketOut's packet_out header in front)."""
         if self.port == CPU_PORT:
-            return self.magic.to_bytes(2, "big") + self.frame
+            return self.magic_bytes() + self.frame
         return self.frame
 
 
@@ -225,19 +229,19 @@ class Generator:
         self.offsets = iter(range(64, 1 << 32, 64 * 7))
         self.rounds: dict[tuple[int, int], Round] = {}
         self.previous: dict[tuple[int, int], Round] = {}
+        self.ident = 0
+        self.decks: dict[tuple[str, ...], list[str]] = {}
         for job in JOBS:
             for slot in range(job.group.pool_size):
                 self.rounds[job.job_id, slot] = self._new_round(job, slot, 0)
-        self.ident = 0
-        self.decks: dict[tuple[str, ...], list[str]] = {}
 
     # ------------------------------------------------------------------ helpers
     def _new_round(self, job: Job, slot: int, use: int) -> Round:
         rng = self.rng
         workers = sorted(job.workers)
         owner = rng.choice(workers)
-        if job.to_owner and rng.random() < 0.25:
-            owner = 200  # no owner_route: the completed sum is dropped, NO_OWNER
+        if job.to_owner:  # 200 has no owner_route: the completed sum is dropped, NO_OWNER
+            owner = int(self._deal(tuple(str(w) for w in [*workers, 200])))
         big = rng.random() < 0.3  # full-range values: the sums wrap
         bound = (1 << 31) - 1 if big else 1 << 20
         values = {w: tuple(rng.randint(-bound - 1, bound) if rng.random() < 0.9 else 0
@@ -416,7 +420,8 @@ class Generator:
         poison = self._poison()
         port = job.workers[worker]
         kind = self._deal(("job", "worker", "port", "slot", "count", "type", "version",
-                           "reset", "magic", "cpu-job", "cpu-data", "cpu-tail", "cpu-short"))
+                           "reset", "magic", "cpu-job", "cpu-data", "cpu-tail", "cpu-short",
+                           "cpu-wide"))
         if kind == "job":
             frame = aggregation_frame(port, UNKNOWN_JOB, worker, rnd.slot, rnd.version,
                                       rnd.offset, poison)
@@ -456,6 +461,13 @@ class Generator:
                                                                         PacketType.DATA)))
             self._add("packet-out, bad magic", CPU_PORT, frame,
                       self._drop(DropReason.FORGED_CONTROL), magic=rng.choice((0, 0xB3C1)))
+        elif kind == "cpu-wide":
+            # A magic wider than its 16 bits: P4Runtime drops it before the pipeline, so it
+            # moves nothing at all.
+            frame = aggregation_frame(1, job.job_id, 0, rnd.slot, 0, 0, poison,
+                                      ptype=PacketType.RESET)
+            self._add("packet-out, magic too wide", CPU_PORT, frame, Expect(),
+                      magic=1 << 16 | CONTROLLER_MAGIC)
         elif kind == "cpu-data":
             # The controller's own magic, but a worker's packet: workers are on their ports.
             frame = self._frame(rnd, worker, poison, ptype=rng.choice((PacketType.DATA,
