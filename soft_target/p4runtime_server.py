@@ -10,6 +10,7 @@ register entries are not served.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -42,9 +43,12 @@ class WriteError(Exception):
 
 
 def _int(data: bytes, bitwidth: int, what: str) -> int:
+    """A key or parameter value, as PI reads it: padded bytes are fine, no bytes are 0, a
+    value wider than its field is INVALID_ARGUMENT."""
     value = int.from_bytes(data, "big")
-    if not data or value >= 1 << bitwidth:
-        raise WriteError(code_pb2.OUT_OF_RANGE, f"{what}: {data!r} does not fit in {bitwidth} bits")
+    if value >> bitwidth:
+        raise WriteError(code_pb2.INVALID_ARGUMENT,
+                         f"{what}: {data!r} does not fit in {bitwidth} bits")
     return value
 
 
@@ -63,6 +67,24 @@ def _compile_table(name: str, rows: list[tuple[Key, str, tuple[int, ...]]]) -> d
             for key, _, p in rows
         }
     raise WriteError(code_pb2.NOT_FOUND, f"table {name} is not served by the software target")
+
+
+def _initial_defaults(p4info: P4Info) -> dict[int, p4runtime_pb2.TableEntry]:
+    """Each table's default entry as the P4 program sets it (the BMv2 JSON holds it; the
+    P4Info does not), the way PI reads it back."""
+    program = json.loads(built_device_config())
+    names = {action["id"]: action["name"] for action in program["actions"]}
+    defaults = {}
+    for pipe in program["pipelines"]:
+        for table in pipe["tables"]:
+            if table["name"] not in p4info.tables:
+                continue
+            entry = p4runtime_pb2.TableEntry(table_id=p4info.table(table["name"]).id,
+                                             is_default_action=True)
+            entry.action.action.action_id = p4info.action(
+                names[table["default_entry"]["action_id"]]).id
+            defaults[entry.table_id] = entry
+    return defaults
 
 
 _TABLE_ATTRIBUTE = {
@@ -92,6 +114,7 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.cookie = 0
         self.lock = threading.Lock()
         self.entries: dict[int, dict[Key, p4runtime_pb2.TableEntry]] = {}
+        self.defaults: dict[int, p4runtime_pb2.TableEntry] = {}  # table id -> default entry
         self.groups: dict[int, p4runtime_pb2.MulticastGroupEntry] = {}
         self.elections: dict[int, tuple[int, int]] = {}  # stream id -> election id
         self.next_stream = 0
@@ -146,6 +169,7 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             self.p4info = reference
             self.cookie = request.config.cookie.cookie
             self.entries = {t.id: {} for t in reference.tables.values()}
+            self.defaults = _initial_defaults(reference)
             self.groups = {}
             done = threading.Event()
 
@@ -314,8 +338,10 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if table is None:
             raise WriteError(code_pb2.NOT_FOUND, f"unknown table id {entry.table_id}")
         if entry.is_default_action:
-            raise WriteError(code_pb2.PERMISSION_DENIED,
-                             f"{table.name}: the default action is fixed by the P4 program")
+            return self._write_default(p4info, table, update_type, entry)
+        if entry.priority:
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: an exact-match table takes no priority")
         key = self._key(table, entry)
         rows = self.entries[table.id]
         types = p4runtime_pb2.Update
@@ -335,6 +361,26 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         stored = p4runtime_pb2.TableEntry()
         stored.CopyFrom(entry)
         rows[key] = stored
+        return table.id
+
+    def _write_default(self, p4info: P4Info, table, update_type: int,
+                       entry: p4runtime_pb2.TableEntry) -> int:
+        """As PI: the default entry is only modified; with no action it goes back to the
+        program's."""
+        if update_type != p4runtime_pb2.Update.MODIFY:
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"Cannot use {p4runtime_pb2.Update.Type.Name(update_type)} for "
+                             "default entry")
+        if entry.match or entry.priority:
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"{table.name}: a default entry has no match and no priority")
+        if not entry.HasField("action"):
+            self.defaults[table.id] = _initial_defaults(p4info)[table.id]
+            return table.id
+        self._action(p4info, table, entry, default=True)  # validates
+        stored = p4runtime_pb2.TableEntry()
+        stored.CopyFrom(entry)
+        self.defaults[table.id] = stored
         return table.id
 
     @staticmethod
@@ -357,7 +403,8 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         return tuple(given[fid] for fid, _ in table.match_fields.values())
 
     @staticmethod
-    def _action(p4info: P4Info, table, entry: p4runtime_pb2.TableEntry) -> tuple[str, tuple]:
+    def _action(p4info: P4Info, table, entry: p4runtime_pb2.TableEntry,
+                default: bool = False) -> tuple[str, tuple]:
         if entry.action.WhichOneof("type") != "action":
             raise WriteError(code_pb2.INVALID_ARGUMENT, f"{table.name}: a direct action is needed")
         action_id = entry.action.action.action_id
@@ -367,9 +414,9 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                              f"{table.name}: action id {action_id} is not an action of this table")
         scope = {ref.id: ref.scope for t in p4info.message.tables if t.preamble.id == table.id
                  for ref in t.action_refs}
-        if scope.get(action_id) == 2:  # DEFAULT_ONLY
+        if scope.get(action_id) == (1 if default else 2):  # TABLE_ONLY, DEFAULT_ONLY
             raise WriteError(code_pb2.INVALID_ARGUMENT,
-                             f"{table.name}: {action.name} is a default-only action")
+                             f"{table.name}: {action.name} cannot be used here")
         given = {p.param_id: p.value for p in entry.action.action.params}
         params = []
         for name, (pid, width) in action.params.items():
@@ -397,6 +444,10 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if update_type == types.DELETE:
             del self.groups[gid]
             return
+        replicas = [(self._replica_port(r), r.instance) for r in group.replicas]
+        if len(set(replicas)) != len(replicas):
+            raise WriteError(code_pb2.INVALID_ARGUMENT,
+                             f"multicast group {gid}: a replica (port, instance) given twice")
         stored = p4runtime_pb2.MulticastGroupEntry()
         stored.CopyFrom(group)
         self.groups[gid] = stored
@@ -415,6 +466,12 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             rows = [(key, *self._action(p4info, table, entry))
                     for key, entry in self.entries[table_id].items()]
             changes[_TABLE_ATTRIBUTE[table.name]] = _compile_table(table.name, rows)
+            if table.name == Names.L2_FORWARD:
+                # The only default that can change a packet's fate: the other tables' callers
+                # test hit, not the action (p4src).
+                name, params = self._action(p4info, table, self.defaults[table_id],
+                                            default=True)
+                changes["l2_default"] = params[0] if name == Names.FORWARD_TO else None
         if groups_touched:
             changes["mcast_groups"] = {
                 gid: tuple(self._replica_port(r) for r in group.replicas)
@@ -427,6 +484,9 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
                             response: p4runtime_pb2.ReadResponse) -> None:
         for table_id, rows in sorted(self.entries.items()):
             if wanted.table_id not in (0, table_id):
+                continue
+            if wanted.is_default_action:  # as PI: the default entry alone, never in wildcards
+                response.entities.add().table_entry.CopyFrom(self.defaults[table_id])
                 continue
             for entry in rows.values():
                 if wanted.match and list(wanted.match) != list(entry.match):
@@ -443,8 +503,8 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             values = arrays[name]
             indices = [wanted.index.index] if wanted.HasField("index") else range(size)
             for index in indices:
-                if index >= size:
-                    context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                if index >= size:  # PI's code for it
+                    context.abort(grpc.StatusCode.UNKNOWN,
                                   f"{name} has {size} cells, no index {index}")
                 entry = response.entities.add().counter_entry
                 entry.counter_id = counter_id

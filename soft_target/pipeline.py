@@ -89,6 +89,7 @@ class Tables:
     owner_route: dict[tuple[int, int], int] = field(default_factory=dict)
     host_address: dict[int, HostAddress] = field(default_factory=dict)
     mcast_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    l2_default: int | None = None  # l2_forward's default: forward_to(port), or no_route
 
 
 def ipv4_checksum(header: bytes | bytearray) -> int:
@@ -297,7 +298,8 @@ class Pipeline:
         unit rewrites only the packets the switch makes)."""
         if len(frame) < ETH:
             return self._drop(DropReason.NO_ROUTE)
-        egress = self.tables.l2_forward.get(frame[0:6])
+        tables = self.tables
+        egress = tables.l2_forward.get(frame[0:6], tables.l2_default)
         if egress is None:
             return self._drop(DropReason.NO_ROUTE)
         self.stats[Stat.FORWARDED] += 1

@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import ptf
 import ptf.testutils as tu
+from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2
+from p4runtime_sh.p4runtime import P4RuntimeWriteException
 from ptf.base_tests import BaseTest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -119,6 +121,21 @@ class BmlTest(BaseTest):
         metadata_id, _width = session.p4info.packet_out_metadata["magic"]
         request.packet.metadata.add(metadata_id=metadata_id, value=magic)
         session.client.stream_out_q.put(request)
+
+    def write_code(self, kind: str, table_entry: p4runtime_pb2.TableEntry | None = None,
+                   group: p4runtime_pb2.MulticastGroupEntry | None = None) -> str:
+        """The canonical code the switch answers one update with ("OK" when it takes it)."""
+        request = p4runtime_pb2.WriteRequest()
+        update = request.updates.add(type=p4runtime_pb2.Update.Type.Value(kind))
+        if table_entry is not None:
+            update.entity.table_entry.CopyFrom(table_entry)
+        else:
+            update.entity.packet_replication_engine_entry.multicast_group_entry.CopyFrom(group)
+        try:
+            self.session.client.write(request)
+        except P4RuntimeWriteException as exc:
+            return code_pb2.Code.Name(exc.errors[0][1].canonical_code)
+        return "OK"
 
     # ------------------------------------------------------------------ counters
     def stat(self, which: Stat) -> int:
