@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = run_pushes(state, 1, [Push(s, s, grad, None) for s, grad in enumerate(grads)],
                               Path(tmp), extra=["--schedule", schedule.name, "--timeout", "240"],
                               timeout=300)
-        prediction = cost_model.predict(schedule, args.elements, 1e9)
-        lines, failures = nic_table(runs, prediction, grads)
+            prediction = cost_model.predict(schedule, args.elements, 1e9)
+            lines, failures = nic_table(runs, prediction, grads)
         print("\n" + "\n".join(lines))
         print("(sent/pred, recv/pred: the NIC's byte counters over the cost model's prediction "
               "for this schedule, every header counted)\n")

@@ -72,30 +72,27 @@ _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
 @dataclass
 class Rto:
-    """Retransmission timeout from RTT samples (RFC 6298 style, Karn's rule by the caller),
-    doubled after a timeout until a clean sample comes back."""
+    """Retransmission timeout of one NIC from RTT samples (RFC 6298 style; Karn's rule by the
+    caller). Backing off is per slot (``SwitchChannel.scan``), not per NIC: with a window of
+    slots in flight, one NIC-wide doubling per lost frame would reach the cap within a few
+    losses and then stall every slot, and every repair, for seconds."""
 
-    floor: float = 0.01
-    cap: float = 5.0
+    floor: float = 0.02
+    cap: float = 1.0
     srtt: float | None = None
     rttvar: float = 0.0
-    backoff: int = 1
 
     @property
     def value(self) -> float:
         base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.cap, max(self.floor, base) * self.backoff)
+        return min(self.cap, max(self.floor, base))
 
     def sample(self, rtt: float) -> None:
-        self.backoff = 1
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-
-    def timed_out(self) -> None:
-        self.backoff = min(self.backoff * 2, 1 << 10)
 
 
 @dataclass
@@ -262,6 +259,7 @@ class Engine:
         self.job, self.server, self.topology, self.schedule = job, server, topology, schedule
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.calls = 0
+        self.rto = [Rto() for _ in range(topology.k)]  # per NIC, learnt across calls
         self.links: list[NicLink] = []
         try:
             for level, (ip, switch_ip) in enumerate(nics):
@@ -318,7 +316,7 @@ class _Call:
         self.length = flat.size
         self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
         self.stats = EngineStats()
-        self.rto = [Rto() for _ in range(self.topology.k)]
+        self.rto = engine.rto  # per NIC, kept across calls
         self.layout = Layout(self.schedule, self.blocks)
         me = self.topology.digits(engine.server)
         self.me = me
@@ -623,11 +621,11 @@ class _Call:
         elif kind == Kind.NEED:
             wanted = np.frombuffer(payload, dtype=">u4").reshape(-1, 2)
             for first, last in wanted:
-                for block in range(int(first), int(last), MESSAGE_BLOCKS):
-                    stop = min(int(last), block + MESSAGE_BLOCKS)
-                    if self.final[block:stop].all():
-                        peer.send(Kind.FINAL, self.tag, p, j, block, stop - block,
-                                  self.acc[block:stop].astype(_BE).tobytes())
+                for start, stop in _runs(np.flatnonzero(self.final[first:last]) + first):
+                    for block in range(start, stop, MESSAGE_BLOCKS):
+                        end = min(stop, block + MESSAGE_BLOCKS)
+                        peer.send(Kind.FINAL, self.tag, p, j, block, end - block,
+                                  self.acc[block:end].astype(_BE).tobytes())
 
     def _grace(self) -> float:
         return max(0.05, 3 * max(rto.value for rto in self.rto))
@@ -637,16 +635,18 @@ class _Call:
         for key, due in list(self.repairs.items()):
             if due > now:
                 continue
-            del self.repairs[key]
             p, j, server = key
             dim = self.rs_dims[p][j]
             digit = self.topology.digits(server)[dim]
             start, stop = split(self.pieces[p][j], self.topology.n)[digit]
             missing = np.flatnonzero(~self.final[start:stop]) + start
             if not missing.size:
+                del self.repairs[key]
                 continue
-            breaks = np.flatnonzero(np.diff(missing) != 1) + 1
-            runs = [(int(run[0]), int(run[-1]) + 1) for run in np.split(missing, breaks)]
+            # Asked again after a while if still missing (an answer only covers what was final
+            # when the question came).
+            self.repairs[key] = now + 2 * self._grace()
+            runs = _runs(missing)
             peer = self.engine.mesh.peers[(dim, server)]
             peer.send(Kind.NEED, self.tag, p, j, 0, len(runs),
                       np.array(runs, dtype=">u4").tobytes())
@@ -670,6 +670,12 @@ class _Call:
         buffer = bytearray(PAYLOAD_BYTES + 64)
         next_scan = time.monotonic() + 0.01
         deadline = started + engine.timeout
+        # The exponent exchange may already have read messages of this call into an inbox
+        # (a neighbour that finished it first starts sending at once); poll() will not report
+        # those again, so take them now.
+        for peer in peers:
+            for message in peer.messages(self.tag):
+                self._on_message(peer, *message)
         while not self._finished():
             now = time.monotonic()
             if now > deadline:
@@ -705,7 +711,7 @@ class _Call:
                     for message in peer.messages(self.tag):
                         self._on_message(peer, *message)
                     if peer.closed and not peer.done:
-                        raise TransportError(
+                                        raise TransportError(
                             f"job {engine.job} server {engine.server}: server {peer.server} "
                             f"(level {peer.dim}) closed its connection mid-call: it stopped "
                             f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
@@ -713,13 +719,8 @@ class _Call:
                 link.drain()
             now = time.monotonic()
             if now >= next_scan:
-                for level in range(self.topology.k):
-                    fired = False
-                    for (_p, dim), channel in self.channels.items():
-                        if dim == level:
-                            fired |= channel.scan(now)
-                    if fired:
-                        self.rto[level].timed_out()
+                for channel in self.channels.values():
+                    channel.scan(now)
                 self._repair(now)
                 next_scan = now + min(rto.value for rto in self.rto) / 2
         if self.progress is not None:
@@ -736,6 +737,14 @@ class _Call:
             + (f"; {'; '.join(stuck)}" if stuck else "")
             + (f"; no DONE yet from server(s) {', '.join(silent)}" if silent else "")
             + ": a worker, a switch or a link stopped")
+
+
+def _runs(blocks: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted block numbers as contiguous [start, stop) runs."""
+    if not blocks.size:
+        return []
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(blocks, breaks)]
 
 
 def _replace(digits: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:

@@ -38,8 +38,10 @@ def push_all(state, job: int, grads: list[np.ndarray | None], tmp_path,
 
 
 def assert_correct(results: list[PushResult], grads: list[np.ndarray], schedule: str) -> None:
+    failed = [f"server {server}: exit {result.returncode}: {result.stderr.strip()}"
+              for server, result in enumerate(results) if result.returncode != 0]
+    assert not failed, f"{schedule}:\n" + "\n".join(failed)
     for result in results:
-        assert result.returncode == 0, result.stderr
         error, bound, ok = check_sum(np.load(result.output), grads)
         assert ok, f"error {error} beyond bound {bound}"
         assert result.figure("schedule") == schedule

@@ -3,7 +3,8 @@ the block layout every executor relies on."""
 
 from __future__ import annotations
 
-from fractions import Fraction as F
+from fractions import Fraction
+from itertools import pairwise
 
 import pytest
 
@@ -34,24 +35,24 @@ from control_plane.jobs import JobError, plan_scheduled_job
 # in-network up 1 + 2 sum_{j=1}^{k-1} n^-j, down sum_{j=0}^{k-1} n^-j; host-based
 # 2 (1 - 1/N) each way; mixed a = 1 - T n/(n-1) (T = sum_{j>=1} n^-j) balances the two.
 HAND_DERIVED = {
-    ("star:4", IN_NETWORK): (F(1), F(1)),
-    ("star:4", HOST_BASED): (F(3, 2), F(3, 2)),
-    ("star:9", IN_NETWORK): (F(1), F(1)),
-    ("star:9", HOST_BASED): (F(16, 9), F(16, 9)),
-    ("bcube:2,2", IN_NETWORK): (F(2), F(3, 2)),
-    ("bcube:2,2", HOST_BASED): (F(3, 2), F(3, 2)),
-    ("bcube:2,2", MIXED): (F(3, 2), F(3, 2)),  # a = 0: the first RS all host-based
-    ("bcube:3,2", IN_NETWORK): (F(5, 3), F(4, 3)),
-    ("bcube:3,2", HOST_BASED): (F(16, 9), F(16, 9)),
-    ("bcube:3,2", MIXED): (F(3, 2), F(3, 2)),
-    ("bcube:4,2", IN_NETWORK): (F(3, 2), F(5, 4)),
-    ("bcube:4,2", HOST_BASED): (F(15, 8), F(15, 8)),
-    ("bcube:4,2", MIXED): (F(17, 12), F(17, 12)),
-    ("bcube:2,3", IN_NETWORK): (F(5, 2), F(7, 4)),
-    ("bcube:2,3", HOST_BASED): (F(7, 4), F(7, 4)),
-    ("bcube:3,3", IN_NETWORK): (F(17, 9), F(13, 9)),
-    ("bcube:3,3", HOST_BASED): (F(52, 27), F(52, 27)),
-    ("bcube:3,3", MIXED): (F(5, 3), F(5, 3)),
+    ("star:4", IN_NETWORK): (Fraction(1), Fraction(1)),
+    ("star:4", HOST_BASED): (Fraction(3, 2), Fraction(3, 2)),
+    ("star:9", IN_NETWORK): (Fraction(1), Fraction(1)),
+    ("star:9", HOST_BASED): (Fraction(16, 9), Fraction(16, 9)),
+    ("bcube:2,2", IN_NETWORK): (Fraction(2), Fraction(3, 2)),
+    ("bcube:2,2", HOST_BASED): (Fraction(3, 2), Fraction(3, 2)),
+    ("bcube:2,2", MIXED): (Fraction(3, 2), Fraction(3, 2)),  # a = 0: the first RS all host-based
+    ("bcube:3,2", IN_NETWORK): (Fraction(5, 3), Fraction(4, 3)),
+    ("bcube:3,2", HOST_BASED): (Fraction(16, 9), Fraction(16, 9)),
+    ("bcube:3,2", MIXED): (Fraction(3, 2), Fraction(3, 2)),
+    ("bcube:4,2", IN_NETWORK): (Fraction(3, 2), Fraction(5, 4)),
+    ("bcube:4,2", HOST_BASED): (Fraction(15, 8), Fraction(15, 8)),
+    ("bcube:4,2", MIXED): (Fraction(17, 12), Fraction(17, 12)),
+    ("bcube:2,3", IN_NETWORK): (Fraction(5, 2), Fraction(7, 4)),
+    ("bcube:2,3", HOST_BASED): (Fraction(7, 4), Fraction(7, 4)),
+    ("bcube:3,3", IN_NETWORK): (Fraction(17, 9), Fraction(13, 9)),
+    ("bcube:3,3", HOST_BASED): (Fraction(52, 27), Fraction(52, 27)),
+    ("bcube:3,3", MIXED): (Fraction(5, 3), Fraction(5, 3)),
 }
 
 
@@ -67,16 +68,16 @@ def test_design_figures_per_gradient_on_bcube32_and_star9():
     bcube = Topology.parse("bcube:3,2")
     per_g = {name: max(ideal_cost(make_schedule(bcube, name))) / bcube.k
              for name in (HOST_BASED, IN_NETWORK, MIXED)}
-    assert per_g == {HOST_BASED: F(8, 9), IN_NETWORK: F(5, 6), MIXED: F(3, 4)}
+    assert per_g == {HOST_BASED: Fraction(8, 9), IN_NETWORK: Fraction(5, 6), MIXED: Fraction(3, 4)}
     star = Topology.parse("star:9")
     assert max(ideal_cost(make_schedule(star, IN_NETWORK))) == 1
-    assert max(ideal_cost(make_schedule(star, HOST_BASED))) == 2 * F(8, 9)
+    assert max(ideal_cost(make_schedule(star, HOST_BASED))) == 2 * Fraction(8, 9)
 
 
 def test_balanced_alpha():
-    assert balanced_alpha(Topology.parse("bcube:3,2")) == F(1, 2)
+    assert balanced_alpha(Topology.parse("bcube:3,2")) == Fraction(1, 2)
     assert balanced_alpha(Topology.parse("bcube:2,2")) == 0
-    assert balanced_alpha(Topology.parse("bcube:3,3")) == F(1, 3)
+    assert balanced_alpha(Topology.parse("bcube:3,3")) == Fraction(1, 3)
 
 
 def test_stripes_visit_every_dimension_once_each_step_one_stripe_per_nic():
@@ -105,7 +106,7 @@ def test_split_covers_the_range_in_order_sizes_differ_by_one_at_most():
         for parts in (1, 2, 3, 7):
             ranges = split((5, 5 + size), parts)
             assert ranges[0][0] == 5 and ranges[-1][1] == 5 + size
-            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+            assert all(a[1] == b[0] for a, b in pairwise(ranges))
             lengths = [b - a for a, b in ranges]
             assert max(lengths) - min(lengths) <= 1
 
@@ -126,7 +127,7 @@ def test_after_the_reduce_scatters_every_block_has_exactly_one_owner_per_group(s
                     owners.setdefault(block, []).append(server)
             stripe = layout.stripe(p)
             assert sorted(owners) == list(range(*stripe))
-            expected = 1 if name == HOST_BASED else (topo.n if topo.k > 1 else topo.n)
+            expected = 1 if name == HOST_BASED else topo.n
             if name == IN_NETWORK and topo.k == 1:
                 expected = topo.num_servers  # the star's AR: everybody holds every block
             assert all(len(s) == expected for s in owners.values())
@@ -208,8 +209,8 @@ def test_scheduled_job_gives_every_switch_one_group_per_stripe():
         pools.setdefault(group.switch, []).append((group.pool_base, group.pool_size))
     for spans in pools.values():
         spans.sort()
-        assert all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
-    with pytest.raises(JobError, match="1..511"):
+        assert all(a[0] + a[1] <= b[0] for a, b in pairwise(spans))
+    with pytest.raises(JobError, match=r"1\.\.511"):
         plan_scheduled_job(topo, 600)
     with pytest.raises(JobError, match="already set up"):
         plan_scheduled_job(topo, 7, existing=plan.groups)
