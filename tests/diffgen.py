@@ -169,7 +169,9 @@ class Expect:
 
 @dataclass
 class Event:
-    """One packet: into ``port`` (CPU_PORT: a PacketOut with ``magic``)."""
+    """One packet: into ``port`` (CPU_PORT: a PacketOut with ``magic``); or, with
+    ``control``, no packet but the controller setting l2_forward's default entry to
+    forward_to(``l2_default``) (None: back to the program's no_route)."""
 
     index: int
     what: str
@@ -177,6 +179,8 @@ class Event:
     frame: bytes
     expect: Expect
     magic: int = CONTROLLER_MAGIC
+    control: bool = False
+    l2_default: int | None = None
 
     @property
     def kind(self) -> str:
@@ -231,6 +235,7 @@ class Generator:
         self.previous: dict[tuple[int, int], Round] = {}
         self.ident = 0
         self.decks: dict[tuple[str, ...], list[str]] = {}
+        self.l2_default: int | None = None  # where l2_forward sends unknown destinations
         for job in JOBS:
             for slot in range(job.group.pool_size):
                 self.rounds[job.job_id, slot] = self._new_round(job, slot, 0)
@@ -294,6 +299,12 @@ class Generator:
 
     def _drop(self, reason: DropReason) -> Expect:
         return Expect(drops=Counter({reason: 1}))
+
+    def _no_entry(self, frame: bytes) -> Expect:
+        """Ordinary traffic l2_forward has no entry for: its default entry decides."""
+        if self.l2_default is None:
+            return self._drop(DropReason.NO_ROUTE)
+        return Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(self.l2_default, frame)])
 
     def _copies(self, job: Job, trigger: bytes, ptype: int, exponent: int,
                 values: bytes | None, expect: Expect, ports: list[int],
@@ -556,7 +567,7 @@ class Generator:
             expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(target, frame)])
             kind += " to a host"
         else:
-            expect = self._drop(DropReason.NO_ROUTE)
+            expect = self._no_entry(frame)
         self._add(f"malformed {kind}", port, frame, expect)
 
     def ordinary(self) -> None:
@@ -593,7 +604,7 @@ class Generator:
         if known:
             expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(dst_port, frame)])
         else:
-            expect = self._drop(DropReason.NO_ROUTE)
+            expect = self._no_entry(frame)
         self._add(f"ordinary {kind}", src, frame, expect)
 
     def broadcast(self) -> None:
@@ -633,8 +644,21 @@ class Generator:
         self._add(f"reset j{job.job_id} s{slot}", CPU_PORT, frame,
                   Expect(stats=Counter({Stat.RESET: 1})))
 
+    def control(self) -> None:
+        """The controller changes l2_forward's default entry (a P4Runtime write, no packet):
+        to forward_to a port, or back to the program's no_route."""
+        if self.l2_default is None:
+            self.l2_default = self.rng.choice(PORTS)
+            what = f"control l2_forward default forward_to {self.l2_default}"
+        else:
+            self.l2_default = None
+            what = "control l2_forward default no_route"
+        self.events.append(Event(len(self.events), what, 0, b"", Expect(), control=True,
+                                 l2_default=self.l2_default))
+
     ACTIONS = (("contribute", 40), ("resend", 14), ("stale", 6), ("forged", 12),
-               ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2))
+               ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2),
+               ("control", 1))
 
     def generate(self, packets: int) -> list[Event]:
         names = [name for name, _ in self.ACTIONS]

@@ -30,7 +30,7 @@ from bml.protocol import CPU_PORT, DROPS_SIZE, STATS_SIZE, DropReason, Stat
 from bml.topology import Switch
 from control_plane.p4info import Names, built_p4info
 from control_plane.provision import install_group
-from control_plane.session import SwitchSession
+from control_plane.session import SwitchSession, entry
 from tests.diffgen import JOBS, PORTS, Event, Expect, generate, table_entries
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +110,22 @@ def packet_out(event: Event):
     return packet
 
 
+def write_l2_default(session: SwitchSession, port: int | None) -> None:
+    """MODIFY l2_forward's default entry: forward_to(port), or (None) the program's."""
+    from p4.v1 import p4runtime_pb2
+
+    request = p4runtime_pb2.WriteRequest()
+    update = request.updates.add(type=p4runtime_pb2.Update.MODIFY)
+    table_entry = update.entity.table_entry
+    table_entry.table_id = session.p4info.table(Names.L2_FORWARD).id
+    table_entry.is_default_action = True
+    if port is not None:
+        table_entry.action.action.CopyFrom(session.table_entry(
+            entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": 0}, Names.FORWARD_TO, port=port))
+            .action.action)
+    session._write(request, [f"l2_forward default entry -> {port}"])
+
+
 # The switch object the control plane's RESET frames take addresses from (PacketOut frames
 # are not forwarded, so which addresses does not matter).
 _SWITCH = Switch("dut", 0, 0, 1, PORTS)
@@ -130,15 +146,13 @@ class InProcessTarget:
         self.sent: list[tuple[int, bytes]] = []
         self.servicer = servicer = SoftP4RuntimeServicer(self.pipeline, 1, lambda task: task(),
                                                          self.sent.extend)
-        server, port = serve(servicer, "127.0.0.1:0")
+        self.server, port = serve(servicer, "127.0.0.1:0")
         try:
-            session = SwitchSession("soft", f"127.0.0.1:{port}", 1, (0, 1), timeout=5)
-            try:
-                configure(session)
-            finally:
-                session.close()
-        finally:
-            server.stop(0)
+            self.session = SwitchSession("soft", f"127.0.0.1:{port}", 1, (0, 1), timeout=5)
+            configure(self.session)
+        except BaseException:
+            self.close()
+            raise
 
     def counters(self) -> Counters:
         pipeline = self.pipeline
@@ -147,6 +161,9 @@ class InProcessTarget:
     def run(self, event: Event, expect: Expect) -> Observation:
         """A port's frame straight into the pipeline; a PacketOut through the P4Runtime
         server's own handling (which may drop it before the pipeline)."""
+        if event.control:
+            write_l2_default(self.session, event.l2_default)
+            return Observation()
         before = self.counters()
         if event.port == CPU_PORT:
             self.sent.clear()
@@ -157,7 +174,16 @@ class InProcessTarget:
         return Observation.of(before, self.counters(), outputs)
 
     def close(self) -> None:
-        pass
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()
+        self.server.stop(0)
+
+    def __enter__(self) -> InProcessTarget:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class VethTarget:
@@ -221,6 +247,9 @@ class VethTarget:
                         break
 
     def run(self, event: Event, expect: Expect) -> Observation:
+        if event.control:
+            write_l2_default(self.session, event.l2_default)
+            return Observation()
         before = self.last
         if event.port == CPU_PORT:
             self.packet_out(event)
@@ -435,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.__dict__))
         return 0 if report.clean else 1
     if args.in_process:
-        report = run([InProcessTarget()], generate(args.seed, args.packets), args.seed)
+        with InProcessTarget() as target:
+            report = run([target], generate(args.seed, args.packets), args.seed)
     else:
         from emulation.net import BMV2_MISSING, find_bmv2
         from emulation.testbed import have_netns

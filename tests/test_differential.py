@@ -50,7 +50,8 @@ def test_sequence_reaches_every_counter_and_kind():
     kinds = {e.kind for e in events}
     for kind in ("data", "duplicate", "retx", "stale", "broadcast", "reset",
                  "malformed vlan", "malformed qinq", "malformed version", "malformed trailing",
-                 "malformed mf", "malformed options", "packet-out, reset tail"):
+                 "malformed mf", "malformed options", "packet-out, reset tail",
+                 "control l2_forward default forward_to"):
         assert kind in kinds, kind
     assert any(k.endswith("to a host") for k in kinds)
     assert any(e.port == CPU_PORT and e.expect.outputs for e in generate(1, 3000))
@@ -61,7 +62,8 @@ def test_software_target_keeps_the_invariants(seed):
     """Every result is the wrapping int32 sum of its round's contributions, nothing refused
     changes a later frame, every packet moves exactly the counters it must (its pipeline, in
     this process)."""
-    report = run([InProcessTarget()], generate(seed, 1500), seed)
+    with InProcessTarget() as target:
+        report = run([target], generate(seed, 1500), seed)
     assert report.packets == 1500
     assert report.clean, failure(report)
 
