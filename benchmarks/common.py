@@ -60,7 +60,13 @@ class Run:
 
     @property
     def retransmissions(self) -> int:
+        """Aggregation frames the BML workers re-sent."""
         return sum(r.get("retransmissions", 0) for r in self.reports)
+
+    @property
+    def tcp_retransmissions(self) -> int:
+        """Segments TCP re-sent (host-to-host traffic: PS, ring, the BML mesh)."""
+        return sum(r.get("tcp_retransmissions", 0) for r in self.reports)
 
 
 def run_workers(state, scheme: str, workers: int, size: int, tmp: Path,

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -32,11 +33,18 @@ def interfaces() -> list[str]:
     return sorted(name for name in os.listdir("/sys/class/net") if name.startswith("eth"))
 
 
+def tcp_retransmissions() -> int:
+    """Segments TCP re-sent in this namespace so far (/proc/net/snmp is per namespace)."""
+    lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()
+             if line.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("RetransSegs")])
+
+
 def packet_counters(names: list[str]) -> list[tuple[int, int]]:
     """(tx, rx) packets of each interface: with the bytes, the mean frame size on the wire."""
-    base = "/sys/class/net/{}/statistics/{}_packets"
-    return [tuple(int(open(base.format(name, way)).read()) for way in ("tx", "rx"))
-            for name in names]
+    base = Path("/sys/class/net")
+    return [tuple(int((base / name / "statistics" / f"{way}_packets").read_text())
+                  for way in ("tx", "rx")) for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     is_worker = args.rank < args.world
     grad = gradient(args.size, args.rank) if is_worker else None
-    stats = {}
     if args.scheme == "bml":
         from hosts.api import Worker
 
@@ -88,14 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.scheme == "ring":
             scheme.barrier()
         before, packets_before = nic_counters(names), packet_counters(names)
+        retrans = tcp_retransmissions()
         started = time.monotonic()
         total = call(grad, args.size)
         seconds = time.monotonic() - started
         if hasattr(scheme, "drain"):  # PS: its last sends may still be leaving
             scheme.drain()
         after, packets_after = nic_counters(names), packet_counters(names)
+        stats = {"tcp_retransmissions": tcp_retransmissions() - retrans}
         if args.scheme == "bml":
-            stats = {"retransmissions": scheme.last_stats.retransmissions,
+            stats |= {"retransmissions": scheme.last_stats.retransmissions,
                      "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
                      "schedule": scheme.schedule_name}
     finally:

@@ -187,7 +187,8 @@ RING = "ring"
 SINGLE_SWITCH = "single-switch"
 BASELINES = (PS, PS_DEDICATED, RING, SINGLE_SWITCH)
 PS_HEADER_BYTES = 12  # hosts/ps.py message header: kind, shard, offset, count
-PS_CHUNK_VALUES = 1 << 14  # float32 values per PS message (64 KiB)
+PS_CHUNK_VALUES = 1 << 12  # float32 values per PS message (16 KiB: a holder sums a chunk once
+# all W contributions are in, so a smaller chunk fills and drains the pipeline sooner)
 TCP_ACK_SEGMENTS = 2  # a delayed ACK per this many full segments
 
 

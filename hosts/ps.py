@@ -43,11 +43,14 @@ assert HEADER.size == PS_HEADER_BYTES
 PUSH, SUM, HELLO = 1, 2, 3
 PS_TCP_PORT = 49000
 RECV_BYTES = 1 << 18
-# Each connection's send buffer, which bounds its bytes in flight. W - 1 connections converge
-# on every NIC (incast); with the kernel's autotuned buffers they overflow a shaped link's
-# queue and stall in retransmission timeouts. 16 KiB (the kernel doubles it) keeps 8 flows
-# within bml-net's 256 KB queue while they still fill the link.
-SEND_BUFFER = 16 << 10
+# A connection's send buffer bounds its bytes in flight. Every NIC is the receiving end of
+# several connections at once (incast: N - 1 sharded; W into a dedicated server, P into its
+# workers); with the kernel's autotuned buffers they overflow a shaped link's queue and stall
+# in retransmission timeouts (measured on star:12 at 2 Mbit/s: 2.1x the link-bound GST).
+# So each sender gets QUEUE_BUDGET / (its receiver's fan-in), halved since the kernel doubles
+# SO_SNDBUF: 3/4 of bml-net's 256 KB queue in all, which still keeps the link busy.
+QUEUE_BUDGET = 192_000
+MIN_SEND_BUFFER = 4608  # the kernel's floor is 4608 (doubled: one 9000-byte segment)
 
 
 class PSError(RuntimeError):
@@ -109,9 +112,10 @@ class ParameterServer:
     def __init__(self, rank: int, workers: int, servers: int | None = None,
                  addresses: list[str] | None = None, port: int = PS_TCP_PORT,
                  timeout: float = 120.0, start_timeout: float = 30.0,
-                 send_buffer: int | None = SEND_BUFFER) -> None:
-        """``send_buffer``: bytes (None: the kernel's autotuning)."""
-        self.send_buffer = send_buffer
+                 queue_budget: int | None = QUEUE_BUDGET) -> None:
+        """``queue_budget``: bytes all senders into one NIC may have in flight together
+        (None: the kernel's autotuned buffers)."""
+        self.queue_budget = queue_budget
         self.rank, self.workers, self.dedicated = rank, workers, servers is not None
         self.shards = workers if servers is None else servers
         total = workers + (servers or 0)
@@ -197,10 +201,17 @@ class ParameterServer:
         finally:
             listener.close()
 
+    def fan_in(self, participant: int) -> int:
+        """How many connections send into ``participant``'s NIC."""
+        if not self.dedicated:
+            return self.workers - 1
+        return self.shards if participant < self.workers else self.workers
+
     def _add(self, other: int, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.send_buffer:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
+        if self.queue_budget:
+            share = max(MIN_SEND_BUFFER, self.queue_budget // max(1, self.fan_in(other)) // 2)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, share)
         else:
             force_buffers(sock, 4 << 20)
         sock.setblocking(False)

@@ -23,9 +23,9 @@ def tcp_up(sent: float, received: float) -> float:
 
 
 def test_sharded_ps_bytes_per_nic():
-    # N = 4, shards of 16384 values: one 12-byte-headed message each.
+    # N = 4, shards of 16384 values: four messages of 4096 values with a 12-byte header.
     p = cm.predict_ps(4 * 16384, 4, 10e6)
-    message = 4 * 16384 + 12
+    message = 4 * 16384 + 4 * 12
     sent = 3 * message + 3 * message  # pushes to 3 holders, sums of my shard to 3 workers
     assert p.max_up == pytest.approx(tcp_up(sent, sent))
     assert p.max_down == pytest.approx(tcp_up(sent, sent))
@@ -36,7 +36,7 @@ def test_sharded_ps_bytes_per_nic():
 def test_dedicated_ps_server_is_the_bottleneck():
     # 9 workers, 3 PS servers: a server receives 9 shards of 16384 values and sends 9 sums.
     p = cm.predict_ps(3 * 16384, 9, 1e6, servers=3)
-    message = 4 * 16384 + 12
+    message = 4 * 16384 + 4 * 12
     assert len(p.nic_bytes) == 12
     assert p.nic_bytes[0][0][0] == pytest.approx(tcp_up(3 * message, 3 * message))
     assert p.nic_bytes[11][0][0] == pytest.approx(tcp_up(9 * message, 9 * message))
