@@ -52,6 +52,11 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 }
             } else if (bitmap != 0 && stored_offset != hdr.bml.offset) {
                 meta.drop_reason = DROP_STALE;
+            } else if (bitmap != 0 && count == meta.num_workers) {
+                // A late copy of a contribution to this completed round, from a worker that
+                // has moved on (its bit went when it used the other copy): never added twice.
+                meta.stat = STAT_DUPLICATE;
+                meta.consumed = 1;
             } else {
                 bit<32> keep = 0xffffffff;
                 bit<8> exponent;

@@ -203,6 +203,9 @@ class Pipeline:
             return []
         if bitmap and stored_offset != offset:
             return self._drop(DropReason.STALE)
+        if bitmap and count == job.num_workers:  # a late copy from a worker that moved on
+            self.stats[Stat.DUPLICATE] += 1
+            return []
         row = self.sums[idx]
         incoming = np.frombuffer(frame, dtype=_BE_VALUES, count=VALUES_PER_PACKET,
                                  offset=VALUES_OFF)

@@ -364,7 +364,11 @@ class Generator:
 
     def resend(self) -> None:
         """A contribution sent again: a duplicate while its round fills, the stored sum back to
-        that worker once it completed (while the worker's bit is still in that copy)."""
+        that worker once it completed (while the worker's bit is still in that copy), and a
+        duplicate again once the worker moved on while others' bits are still there (a late
+        copy overtaken in the network). Once every worker moved on, the copy's bitmap is
+        empty and a late copy would start it afresh: the header cannot tell it from a new use
+        with the same offset (docs/PROTOCOL.md), so hosts must not cause that; not sent."""
         choices = []
         for rnd in self.rounds.values():
             if rnd.resendable:
@@ -372,6 +376,8 @@ class Generator:
         for rnd in self.previous.values():
             if rnd.resendable:
                 choices += [(rnd, w) for w in rnd.contributed if w not in rnd.moved]
+                if len(rnd.moved) < len(rnd.job.workers):
+                    choices += [(rnd, w) for w in sorted(rnd.moved)]
         if not choices:
             return self.contribute()
         rnd, worker = self.rng.choice(choices)
@@ -382,7 +388,10 @@ class Generator:
             overrides["owner"] = self.rng.choice([*rnd.job.workers, 200])
         frame = self._frame(rnd, worker, self._poison() if self.rng.random() < 0.3 else None,
                             **overrides)
-        if rnd.complete:
+        if worker in rnd.moved:
+            expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
+            what = "late copy"
+        elif rnd.complete:
             expect = Expect(stats=Counter({Stat.RETX_ANSWERED: 1}))
             self._answer(rnd, frame, PacketType.RESULT_RETX, expect, [rnd.job.workers[worker]])
             what = "retx"
@@ -661,10 +670,11 @@ class Generator:
                ("control", 1))
 
     def generate(self, packets: int) -> list[Event]:
-        names = [name for name, _ in self.ACTIONS]
-        weights = [weight for _, weight in self.ACTIONS]
+        """Actions dealt from a shuffled deck that holds each as often as its weight: every
+        action comes up in every hundred events, in a seeded order."""
+        deck = tuple(name for name, weight in self.ACTIONS for _ in range(weight))
         while len(self.events) < packets:
-            getattr(self, self.rng.choices(names, weights)[0])()
+            getattr(self, self._deal(deck))()
         return self.events[:packets]
 
 

@@ -152,6 +152,40 @@ class OtherCopyStillAnswers(BmlTest):
         tu.verify_no_other_packets(self)
 
 
+class LateCopyAfterMovingOn(BmlTest):
+    """Found while writing the differential test (the same on both targets): a late copy of
+    a worker's contribution to a completed round, arriving after that worker moved on to the
+    other copy (a retransmission overtaken in the network), was added again and took the
+    worker's bit out of the round it is now in, so its re-send there was added twice and the
+    group got a wrong sum. Now it is a duplicate: the next round's sum is right."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        round0 = [random_values() for _ in range(3)]
+        sent0 = [contribution(w + 1, 7, w, round0[w], slot=1, offset=0) for w in range(3)]
+        for w, packet in enumerate(sent0):
+            tu.send_packet(self, w + 1, packet)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(sent0[-1], port, PacketType.RESULT,
+                                               lane_sums(*round0)), port)
+        round1 = [random_values() for _ in range(3)]
+        sent1 = [contribution(w + 1, 7, w, round1[w], slot=1, version=1, offset=64)
+                 for w in range(3)]
+        before = self.counters()
+        tu.send_packet(self, 1, sent1[0])  # worker 0 moves on, then worker 2
+        tu.send_packet(self, 3, sent1[2])
+        tu.send_packet(self, 1, contribution(1, 7, 0, round0[0], slot=1, offset=0))  # late
+        tu.send_packet(self, 1, sent1[0])  # worker 0 re-sends: still a duplicate
+        tu.verify_no_other_packets(self)
+        tu.send_packet(self, 2, sent1[1])
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(sent1[1], port, PacketType.RESULT,
+                                               lane_sums(*round1)), port)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.DUPLICATE: 2,
+                                     Stat.COMPLETED: 1})
+
+
 class MaxExponent(BmlTest):
     """The result carries the largest exponent any worker announced."""
 
