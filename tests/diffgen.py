@@ -3,8 +3,9 @@ must do with it.
 
 The generator plays the hosts and the controller of three jobs on one switch: rounds of
 contributions (in the order hosts may send them: a slot's next use only after its previous
-one completed), duplicates, retransmissions, stale and forged contributions, malformed
-frames, ordinary traffic, broadcasts and controller RESETs. It knows by construction what each
+one completed), duplicates, retransmissions, late copies, stale and forged contributions,
+malformed frames, ordinary traffic, broadcasts, controller PacketOuts (RESETs, forged ones)
+and changes of l2_forward's default entry. It knows by construction what each
 packet must do (docs/PROTOCOL.md): the counters it moves and the exact frames that leave. So
 the same sequence checks the software target alone against the invariants (a round's result
 is the wrapping int32 sum of its contributions; a packet that is not admitted changes no later
