@@ -73,7 +73,7 @@ _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 @dataclass
 class Rto:
     """Retransmission timeout of one NIC from RTT samples (RFC 6298 style; Karn's rule by the
-    caller). Backing off is per slot (``SwitchChannel.scan``), not per NIC: with a window of
+    caller). Backing off is per slot (``SwitchChannel.overdue``), not per NIC: with a window of
     slots in flight, one NIC-wide doubling per lost frame would reach the cap within a few
     losses and then stall every slot, and every repair, for seconds."""
 
@@ -106,15 +106,32 @@ class EngineStats:
     exponent_seconds: float = 0.0
 
 
+RETX_PER_ANSWER = 0.125  # re-send budget a NIC earns per answered slot
+RETX_BUDGET_CAP = 16.0
+
+
 @dataclass
 class NicLink:
-    """One NIC: its UDP socket to its switch and the frames the kernel could not take yet."""
+    """One NIC: its UDP socket to its switch, the frames the kernel could not take yet, and
+    its re-send budget.
+
+    A slot's answer waits for every member of its group, so a late answer often means a slow
+    neighbour or a full queue, not a loss; re-sending then only lengthens the queues, and on a
+    loaded machine every re-send makes the next one likelier. So re-sends are clocked by
+    answers (like TCP's ACK clock): each answered slot earns 1/8 of a re-send, and with the
+    budget spent only the longest-waiting slot is re-sent, once per RTO. Random loss below
+    ~12% is repaired at once; anything worse degrades to a trickle instead of a flood."""
 
     level: int
     ip: str
     switch_ip: str
     sock: socket.socket
     outbox: deque = field(default_factory=deque)
+    budget: float = RETX_BUDGET_CAP
+    last_forced: float = 0.0
+
+    def answered(self) -> None:
+        self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
 
     def send(self, frame: bytes) -> None:
         if not self.outbox:
@@ -218,6 +235,7 @@ class SwitchChannel:
             self.call.rto[self.nic.level].sample(now - self.first_sent[slot])
         self.frames[slot] = None
         self.next_use[slot] = use + 1
+        self.nic.answered()
         if block >= 0 and mine:
             values = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
                                    offset=HEADER_BYTES)
@@ -229,21 +247,19 @@ class SwitchChannel:
         if following >= self.count or self.ready_flags[following]:
             self._launch(slot, now)
 
-    def scan(self, now: float) -> bool:
-        """Re-send every slot whose answer is overdue; True if any was."""
-        rto = self.call.rto[self.nic.level]
+    def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int]]:
+        """(last sent, self, slot) of every slot whose answer is overdue (per-slot back-off)."""
         base, cap = rto.value, rto.cap
-        fired = False
-        for slot, frame in enumerate(self.frames):
-            if frame is not None and now - self.last_sent[slot] > min(
-                    cap, base * (1 << min(self.retries[slot], 8))):
-                self.nic.send(frame)
-                self.last_sent[slot] = now
-                self.retries[slot] += 1
-                self.call.stats.retransmissions += 1
-                self.call.stats.frames_sent += 1
-                fired = True
-        return fired
+        return [(self.last_sent[slot], self, slot) for slot, frame in enumerate(self.frames)
+                if frame is not None and now - self.last_sent[slot] > min(
+                    cap, base * (1 << min(self.retries[slot], 8)))]
+
+    def resend(self, slot: int, now: float) -> None:
+        self.nic.send(self.frames[slot])
+        self.last_sent[slot] = now
+        self.retries[slot] += 1
+        self.call.stats.retransmissions += 1
+        self.call.stats.frames_sent += 1
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)
@@ -627,6 +643,22 @@ class _Call:
                         peer.send(Kind.FINAL, self.tag, p, j, block, end - block,
                                   self.acc[block:end].astype(_BE).tobytes())
 
+    def _resend(self, now: float) -> None:
+        """Re-send overdue slots, longest-waiting first, within each NIC's budget."""
+        for link in self.engine.links:
+            rto = self.rto[link.level]
+            overdue = sorted(
+                (entry for (_p, level), channel in self.channels.items() if level == link.level
+                 for entry in channel.overdue(now, rto)), key=lambda entry: entry[0])
+            for _sent, channel, slot in overdue:
+                if link.budget >= 1:
+                    link.budget -= 1
+                elif now - link.last_forced > rto.value:
+                    link.last_forced = now
+                else:
+                    break
+                channel.resend(slot, now)
+
     def _grace(self) -> float:
         return max(0.05, 3 * max(rto.value for rto in self.rto))
 
@@ -719,8 +751,7 @@ class _Call:
                 link.drain()
             now = time.monotonic()
             if now >= next_scan:
-                for channel in self.channels.values():
-                    channel.scan(now)
+                self._resend(now)
                 self._repair(now)
                 next_scan = now + min(rto.value for rto in self.rto) / 2
         if self.progress is not None:
