@@ -708,6 +708,10 @@ class _Call:
         for peer in peers:
             for message in peer.messages(self.tag):
                 self._on_message(peer, *message)
+        poll = select.poll()
+        for link in links:
+            poll.register(link.sock, select.POLLIN)
+        watched = {}  # peer fd -> the events it is registered for
         while not self._finished():
             now = time.monotonic()
             if now > deadline:
@@ -716,13 +720,16 @@ class _Call:
                 self.done_sent = True
                 for peer in peers:
                     peer.send(Kind.DONE, self.tag)
-            poll = select.poll()
-            for link in links:
-                poll.register(link.sock, select.POLLIN)
-            for peer in peers:
-                if not peer.closed:
-                    poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox
-                                                              else 0))
+            for fd, peer in peer_fd.items():
+                wanted = 0 if peer.closed else select.POLLIN | (select.POLLOUT if peer.outbox
+                                                                else 0)
+                if watched.get(fd, 0) != wanted:
+                    if fd in watched:
+                        poll.unregister(fd)
+                        del watched[fd]
+                    if wanted:
+                        poll.register(fd, wanted)
+                        watched[fd] = wanted
             events = poll.poll(max(0.0, min(next_scan - now, 0.01)) * 1000)
             for fd, event in events:
                 link = by_fd.get(fd)
