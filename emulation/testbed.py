@@ -29,10 +29,11 @@ def have_netns() -> str | None:
         return "needs root for network namespaces"
     if shutil.which("ip") is None:
         return "needs iproute2 (`ip`)"
-    probe = subprocess.run(["ip", "netns", "add", "bmlprobe"], capture_output=True, text=True)
+    name = f"bmlprobe{os.getpid()}"  # concurrent runs must not meet on one probe name
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create a network namespace: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", "bmlprobe"], capture_output=True)
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
     return None
 
 
