@@ -40,13 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from bml.schedule import SCHEDULES
 from control_plane.p4info import REPO_ROOT
 
 RESULTS = Path("results")
 GLOO_PORT = 29500
 TRAIN_IMAGES = 4000
 SCHEMES = ("bml", "gloo")
-SCHEDULE_NAMES = ("in-network", "host-based", "mixed")  # bml.schedule.SCHEDULES
 LABELS = {"bml": "BML-INA", "gloo": "gloo ring allreduce"}
 COLOURS = {"bml": "#4477aa", "gloo": "#cc6677"}
 
@@ -559,7 +559,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     rank.add_argument("--progress", action="store_true", help="print 'step N' after each step")
     parser.add_argument("--topo", default="star:4",
                         help="where BML-INA runs: star:N or bcube:n,k (one rank per server)")
-    parser.add_argument("--schedule", choices=SCHEDULE_NAMES,
+    parser.add_argument("--schedule", choices=SCHEDULES,
                         help="BML-INA's schedule (default: the planner's for LeNet-5's size)")
     parser.add_argument("--rate", default="5mbit", help="tc rate of every link and direction")
     parser.add_argument("--name", default="train", help="emulation name (1-6 chars)")
