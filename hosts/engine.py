@@ -63,36 +63,11 @@ from bml.topology import Topology
 from hosts.mesh import Kind, Mesh, MeshError, Peer, queue_full
 from hosts.quantize import block_exponents, dequantize, shift
 from hosts.sockets import force_buffers
-from hosts.transport import PRIMING_OFFSET, LengthMismatch, TransportError
+from hosts.transport import PRIMING_OFFSET, LengthMismatch, Rto, TransportError
 
 _BE = np.dtype(">i4")
 _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
-
-
-@dataclass
-class Rto:
-    """Retransmission timeout of one NIC from RTT samples (RFC 6298 style; Karn's rule by the
-    caller). Backing off is per slot (``SwitchChannel.overdue``), not per NIC: with a window of
-    slots in flight, one NIC-wide doubling per lost frame would reach the cap within a few
-    losses and then stall every slot, and every repair, for seconds."""
-
-    floor: float = 0.02
-    cap: float = 1.0
-    srtt: float | None = None
-    rttvar: float = 0.0
-
-    @property
-    def value(self) -> float:
-        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.cap, max(self.floor, base))
-
-    def sample(self, rtt: float) -> None:
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
 
 
 @dataclass
@@ -275,7 +250,10 @@ class Engine:
         self.job, self.server, self.topology, self.schedule = job, server, topology, schedule
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.calls = 0
-        self.rto = [Rto() for _ in range(topology.k)]  # per NIC, learnt across calls
+        # Per NIC, learnt across calls. Backing off is per slot (SwitchChannel.overdue), never
+        # per NIC: with a window of slots in flight, one NIC-wide doubling per lost frame would
+        # reach the cap within a few losses and stall every slot, and every repair, for seconds.
+        self.rto = [Rto(floor=0.02, cap=1.0) for _ in range(topology.k)]
         self.links: list[NicLink] = []
         try:
             for level, (ip, switch_ip) in enumerate(nics):

@@ -62,6 +62,34 @@ class LengthMismatch(TransportError):
 
 
 @dataclass
+class Rto:
+    """Retransmission timeout from RTT samples (RFC 6298 style; Karn's rule by the caller),
+    doubled by ``timed_out`` until a clean sample comes back."""
+
+    floor: float = 0.01
+    cap: float = 5.0
+    srtt: float | None = None
+    rttvar: float = 0.0
+    backoff: int = 1
+
+    @property
+    def value(self) -> float:
+        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
+        return min(self.cap, max(self.floor, base) * self.backoff)
+
+    def sample(self, rtt: float) -> None:
+        self.backoff = 1
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def timed_out(self) -> None:
+        self.backoff = min(self.backoff * 2, 1 << 10)
+
+
+@dataclass
 class Stats:
     packets_sent: int = 0
     retransmissions: int = 0
@@ -94,9 +122,7 @@ class AggregationTransport:
         self.start_timeout = start_timeout
         self.min_rto = min_rto
         self.max_rto = max_rto
-        self.srtt: float | None = None
-        self.rttvar = 0.0
-        self.backoff = 1
+        self.timer = Rto(min_rto, max_rto)
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -114,22 +140,16 @@ class AggregationTransport:
 
     @property
     def rto(self) -> float:
-        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.max_rto, max(self.min_rto, base) * self.backoff)
+        return self.timer.value
 
     def _timed_out(self) -> None:
         """A timer fired: until a clean RTT sample comes back, wait twice as long (as TCP
         does). Without this, an estimate from a quieter time (a small earlier call, an idle
         link) keeps re-sending the whole window into the queue it is waiting behind."""
-        self.backoff = min(self.backoff * 2, 1 << 10)
+        self.timer.timed_out()
 
     def _sample(self, rtt: float) -> None:
-        self.backoff = 1
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.timer.sample(rtt)
 
     def allreduce(self, values: np.ndarray,
                   progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, Stats]:
