@@ -43,14 +43,14 @@ assert HEADER.size == PS_HEADER_BYTES
 PUSH, SUM, HELLO = 1, 2, 3
 PS_TCP_PORT = 49000
 RECV_BYTES = 1 << 18
-# A connection's send buffer bounds its bytes in flight. Every NIC is the receiving end of
-# several connections at once (incast: N - 1 sharded; W into a dedicated server, P into its
-# workers); with the kernel's autotuned buffers they overflow a shaped link's queue and stall
-# in retransmission timeouts (measured on star:12 at 2 Mbit/s: 2.1x the link-bound GST).
-# So each sender gets QUEUE_BUDGET / (its receiver's fan-in), halved since the kernel doubles
-# SO_SNDBUF: 3/4 of bml-net's 256 KB queue in all, which still keeps the link busy.
+# Every NIC is the receiving end of several connections at once (incast: N - 1 sharded; W
+# into a dedicated server, P into its workers). TCP alone grows each window until the shaped
+# link's queue overflows, and with jumbo segments the losses cost whole segments and
+# timeouts (measured on star:12 at 2 Mbit/s: 2.1x the link-bound GST, 15% of bytes re-sent,
+# also with small SO_SNDBUFs, which GSO-sized writes overrun). So a sender keeps at most
+# QUEUE_BUDGET / (its receiver's fan-in) bytes unacknowledged (SIOCOUTQ) on a connection:
+# 3/4 of bml-net's 256 KB queue in all, which still keeps the link busy.
 QUEUE_BUDGET = 192_000
-MIN_SEND_BUFFER = 4608  # the kernel's floor is 4608 (doubled: one 9000-byte segment)
 
 
 class PSError(RuntimeError):
@@ -65,9 +65,10 @@ def star_address(participant: int) -> str:
 class _Peer:
     """One TCP connection: queued outgoing buffers and the bytes received but not parsed."""
 
-    def __init__(self, index: int, sock: socket.socket) -> None:
+    def __init__(self, index: int, sock: socket.socket, limit: int | None) -> None:
         self.index = index
         self.sock = sock
+        self.limit = limit  # bytes it may have unacknowledged in the kernel (None: any)
         self.outbox: deque[memoryview] = deque()
         self.inbox = bytearray()
         self.closed = False
@@ -76,11 +77,22 @@ class _Peer:
     def queue(self, *parts: bytes | memoryview) -> None:
         self.outbox.extend(memoryview(p).cast("B") for p in parts)
 
+    def room(self) -> int:
+        """Bytes it may hand to the kernel now."""
+        if self.limit is None:
+            return 1 << 30
+        unacked = struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ,
+                                                 b"\0" * 4))[0]
+        return self.limit - unacked
+
     def flush(self) -> None:
         while self.outbox:
             head = self.outbox[0]
+            room = self.room()
+            if room <= 0:
+                return
             try:
-                sent = self.sock.send(head)
+                sent = self.sock.send(head[:room])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -89,7 +101,6 @@ class _Peer:
                 self.outbox.popleft()
             else:
                 self.outbox[0] = head[sent:]
-                return
 
     def fill(self) -> None:
         while True:
@@ -113,8 +124,8 @@ class ParameterServer:
                  addresses: list[str] | None = None, port: int = PS_TCP_PORT,
                  timeout: float = 120.0, start_timeout: float = 30.0,
                  queue_budget: int | None = QUEUE_BUDGET) -> None:
-        """``queue_budget``: bytes all senders into one NIC may have in flight together
-        (None: the kernel's autotuned buffers)."""
+        """``queue_budget``: bytes all senders into one NIC may have unacknowledged together
+        (None: no bound but TCP's own)."""
         self.queue_budget = queue_budget
         self.rank, self.workers, self.dedicated = rank, workers, servers is not None
         self.shards = workers if servers is None else servers
@@ -209,13 +220,11 @@ class ParameterServer:
 
     def _add(self, other: int, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.queue_budget:
-            share = max(MIN_SEND_BUFFER, self.queue_budget // max(1, self.fan_in(other)) // 2)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, share)
-        else:
-            force_buffers(sock, 4 << 20)
+        force_buffers(sock, 4 << 20)
         sock.setblocking(False)
-        self.peers[other] = _Peer(other, sock)
+        limit = (max(9000, self.queue_budget // max(1, self.fan_in(other)))
+                 if self.queue_budget else None)
+        self.peers[other] = _Peer(other, sock, limit)
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait until the kernel has sent every byte and seen it acknowledged (SIOCOUTQ = 0):
@@ -292,9 +301,12 @@ class ParameterServer:
                               f"{self.timeout:g} s ({missing} values of the sum and {pending} "
                               "chunks of its shard still to come)")
             poll = select.poll()
+            waiting_acks = False  # something to send, but its bound is reached
             for peer in peers:
-                poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox else 0))
-            poll.poll(50)
+                writable = bool(peer.outbox) and peer.room() > 0
+                waiting_acks |= bool(peer.outbox) and not writable
+                poll.register(peer.sock, select.POLLIN | (select.POLLOUT if writable else 0))
+            poll.poll(2 if waiting_acks else 50)
             for peer in peers:
                 peer.flush()
                 peer.fill()
