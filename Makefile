@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 bench train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 bench bench-claims train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -26,6 +26,11 @@ bench: setup
 	$(PY) -m pip install -q -e ".[torch]" || echo "bench: torch is not installable here; no gloo rows"
 	$(PY) -m benchmarks.switch_pps
 	$(PY) -m benchmarks.allreduce_gst
+	$(PY) -m benchmarks.claims
+
+bench-claims: setup  # every scheme on the same links against the cost model (~12-20 min)
+	$(PY) -m pip install -q -e ".[torch]" || echo "bench-claims: torch is not installable here; no ring rows"
+	$(PY) -m benchmarks.claims
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
 	$(PY) -m hosts.train $(ARGS)

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -176,10 +177,19 @@ def log_row(r: dict) -> None:
 
 
 def machine() -> str:
+    """The machine, its load, and the code measured (others may be changing it)."""
     load = os.getloadavg()
+    git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+    changed = subprocess.run([*git, "status", "--porcelain", "--", "hosts", "bml",
+                              "soft_target", "benchmarks"], capture_output=True,
+                             text=True).stdout.split("\n")
+    changed = [line[3:] for line in changed if line.strip()]
     return (f"{platform.node()}: {os.cpu_count()} cores, Linux {platform.release()}, "
             f"Python {platform.python_version()}; load average before the run "
-            f"{load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
+            f"{load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; code at {head}"
+            + (f" with uncommitted changes to {', '.join(changed)}" if changed else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
