@@ -33,13 +33,14 @@ RESULTS = Path("results")
 SCHEDULES = (IN_NETWORK, HOST_BASED, MIXED)
 
 
-def measure(state, schedule: str, size: int, rate: float, tmp: Path) -> dict:
+def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int) -> dict:
     """One schedule: every worker at once; measured GST and NIC bytes beside the prediction."""
     topo = state.topo()
     workers = topo.num_servers
-    run = run_workers(state, "bml", workers, size, tmp, ["--schedule", schedule],
+    run = run_workers(state, "bml", workers, size, tmp,
+                      ["--schedule", schedule, "--window", str(window)],
                       check=lambda total, grads: check_sum(total, grads)[2])
-    prediction = cost_model.predict(make_schedule(topo, schedule), size, rate)
+    prediction = cost_model.predict(make_schedule(topo, schedule), size, rate, window)
     ratios = []  # measured / predicted, per server, NIC and direction
     for report in run.reports:
         server = report["rank"]
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         "up with for 9 workers and 6 switch processes)")
     parser.add_argument("--size", type=parse_size, default=4 << 20, help="float32 per server")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
+    parser.add_argument("--window", type=int, default=256, help="slots in flight per channel")
     parser.add_argument("--name", default="bsched")
     args = parser.parse_args(argv)
     rate = rate_bits(args.rate)
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(1)
         with tempfile.TemporaryDirectory(prefix="bml-bsched-") as tmp:
             for schedule in args.schedules:
-                row = measure(state, schedule, args.size, rate, Path(tmp))
+                row = measure(state, schedule, args.size, rate, Path(tmp), args.window)
                 rows.append(row)
                 print(f"  measured  {schedule:>10}: GST {row['gst']:7.2f} s "
                       f"({row['gst'] / row['predicted_gst']:.2f} of predicted), NIC bytes "

@@ -410,7 +410,8 @@ class _Call:
                 "are all the job's workers running?")
         poll = select.poll()
         for peer in peers:
-            poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox else 0))
+            poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox
+                                                      and not peer.paced else 0))
         for fd, _event in poll.poll(20):
             del fd
         for peer in peers:
@@ -699,8 +700,10 @@ class _Call:
                 for peer in peers:
                     peer.send(Kind.DONE, self.tag)
             for fd, peer in peer_fd.items():
-                wanted = 0 if peer.closed else select.POLLIN | (select.POLLOUT if peer.outbox
-                                                                else 0)
+                if peer.paced:  # held back by its pacing, not by the socket: try again now
+                    peer.flush()
+                wanted = 0 if peer.closed else select.POLLIN | (
+                    select.POLLOUT if peer.outbox and not peer.paced else 0)
                 if watched.get(fd, 0) != wanted:
                     if fd in watched:
                         poll.unregister(fd)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from bml.protocol import mesh_tcp_port
 from bml.topology import Topology
+from hosts.sockets import QUEUE_BUDGET, unacked_bytes
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
@@ -56,6 +57,8 @@ class Peer:
     done: bool = False  # its DONE of this call arrived
     closed: bool = False
     sent_bytes: int = 0
+    limit: int | None = None  # bytes it may have unacknowledged in the kernel (None: any)
+    paced: bool = False  # the last flush stopped at ``limit``: flush again later, not on POLLOUT
 
     def send(self, kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
              count: int = 0, payload: bytes | memoryview = b"") -> None:
@@ -64,13 +67,22 @@ class Peer:
         self.flush()
 
     def flush(self) -> None:
+        self.paced = False
         while self.outbox:
+            room = len(self.outbox) if self.limit is None else min(
+                len(self.outbox), self.limit - unacked_bytes(self.sock))
+            if room <= 0:
+                self.paced = True
+                return
+            view = memoryview(self.outbox)
             try:
-                sent = self.sock.send(self.outbox)
+                sent = self.sock.send(view[:room])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise MeshError(f"server {self.server} (level {self.dim}): {exc}") from None
+            finally:
+                view.release()
             self.sent_bytes += sent
             del self.outbox[:sent]
 
@@ -237,7 +249,10 @@ class Mesh:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
-        self.peers[(dim, other)] = Peer(other, dim, sock)
+        # Each NIC receives from its n - 1 neighbours on that level at once: pace every
+        # connection to its share of the link's queue (hosts.sockets.QUEUE_BUDGET).
+        limit = max(9000, QUEUE_BUDGET // max(1, self.topology.n - 1))
+        self.peers[(dim, other)] = Peer(other, dim, sock, limit=limit)
 
     @staticmethod
     def _read_hello(sock: socket.socket) -> dict | None:

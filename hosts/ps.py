@@ -22,12 +22,10 @@ connects. Addresses default to the star's plan (participant i at 10.1.x.(i+1), e
 from __future__ import annotations
 
 import argparse
-import fcntl
 import select
 import socket
 import struct
 import sys
-import termios
 import time
 from collections import deque
 from pathlib import Path
@@ -36,21 +34,14 @@ import numpy as np
 
 from bml.cost_model import PS_CHUNK_VALUES, PS_HEADER_BYTES, shard_sizes
 from hosts.discovery import nic_counters
-from hosts.sockets import force_buffers
+from hosts.sockets import QUEUE_BUDGET, force_buffers, unacked_bytes
 
 HEADER = struct.Struct("!BBHII")
 assert HEADER.size == PS_HEADER_BYTES
 PUSH, SUM, HELLO = 1, 2, 3
 PS_TCP_PORT = 49000
 RECV_BYTES = 1 << 18
-# Every NIC is the receiving end of several connections at once (incast: N - 1 sharded; W
-# into a dedicated server, P into its workers). TCP alone grows each window until the shaped
-# link's queue overflows, and with jumbo segments the losses cost whole segments and
-# timeouts (measured on star:12 at 2 Mbit/s: 2.1x the link-bound GST, 15% of bytes re-sent,
-# also with small SO_SNDBUFs, which GSO-sized writes overrun). So a sender keeps at most
-# QUEUE_BUDGET / (its receiver's fan-in) bytes unacknowledged (SIOCOUTQ) on a connection:
-# 3/4 of bml-net's 256 KB queue in all, which still keeps the link busy.
-QUEUE_BUDGET = 192_000
+# Senders pace themselves by their receiver's fan-in: hosts.sockets.QUEUE_BUDGET.
 
 
 class PSError(RuntimeError):
@@ -81,9 +72,7 @@ class _Peer:
         """Bytes it may hand to the kernel now."""
         if self.limit is None:
             return 1 << 30
-        unacked = struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ,
-                                                 b"\0" * 4))[0]
-        return self.limit - unacked
+        return self.limit - unacked_bytes(self.sock)
 
     def flush(self) -> None:
         while self.outbox:
@@ -232,7 +221,7 @@ class ParameterServer:
         sends have left, and byte counts read then would miss them."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(
-                struct.unpack("i", fcntl.ioctl(p.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+                unacked_bytes(p.sock)
                 for p in self.peers.values() if not p.closed):
             time.sleep(0.01)
 

@@ -1,9 +1,12 @@
-"""Socket settings shared by the hot paths (host transport and software switch)."""
+"""Socket settings shared by the hot paths (host transport, mesh, PS and software switch)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
+import struct
+import termios
 
 # Linux values; Python's socket module does not export them.
 SO_SNDBUFFORCE = 32
@@ -16,3 +19,16 @@ def force_buffers(sock: socket.socket, size: int = 8 << 20) -> None:
     for option in (SO_RCVBUFFORCE, SO_SNDBUFFORCE):
         with contextlib.suppress(PermissionError):
             sock.setsockopt(socket.SOL_SOCKET, option, size)
+
+
+# Every NIC is the receiving end of several TCP connections at once (incast). TCP alone grows
+# each window until the shaped link's queue overflows, and with jumbo segments the losses cost
+# whole segments and timeouts. So a sender keeps at most QUEUE_BUDGET / (its receiver's
+# fan-in) bytes unacknowledged on a connection: 3/4 of bml-net's 256 KB queue in all, which
+# still keeps the link busy (hosts/ps.py measured: 1.37x -> 1.15x of the link-bound GST).
+QUEUE_BUDGET = 192_000
+
+
+def unacked_bytes(sock: socket.socket) -> int:
+    """Bytes handed to the kernel on a TCP socket and not yet acknowledged (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
