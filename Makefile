@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 bench bench-claims train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 bench bench-schedules bench-claims train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -26,7 +26,11 @@ bench: setup
 	$(PY) -m pip install -q -e ".[torch]" || echo "bench: torch is not installable here; no gloo rows"
 	$(PY) -m benchmarks.switch_pps
 	$(PY) -m benchmarks.allreduce_gst
+	$(PY) -m benchmarks.bcube_schedules
 	$(PY) -m benchmarks.claims
+
+bench-schedules: setup  # the three BCube schedules on all NICs of bcube:3,2 (~5 min)
+	$(PY) -m benchmarks.bcube_schedules
 
 bench-claims: setup  # every scheme on the same links against the cost model (~12-20 min)
 	$(PY) -m pip install -q -e ".[torch]" || echo "bench-claims: torch is not installable here; no ring rows"
