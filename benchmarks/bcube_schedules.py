@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                         "up with for 9 workers and 6 switch processes)")
     parser.add_argument("--size", type=parse_size, default=4 << 20, help="float32 per server")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
-    parser.add_argument("--window", type=int, default=256, help="slots in flight per channel")
+    parser.add_argument("--window", type=int, default=256,
+                        help="slots in flight per channel (at most the job's pool, 256)")
     parser.add_argument("--name", default="bsched")
     args = parser.parse_args(argv)
     rate = rate_bits(args.rate)
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  predicted {prediction.schedule.name:>10}: GST {prediction.gst:7.2f} s, "
               f"busiest NIC up {prediction.max_up:,.0f} B, down {prediction.max_down:,.0f} B")
     rows = []
+    # A SIGTERM (timeout, kill) unwinds through the finally below, so the namespaces go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     net.down(args.name)
     state = net.up(args.name, args.topo, "soft", Shaping(rate=args.rate))
     try:

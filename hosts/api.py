@@ -48,17 +48,25 @@ def interface_addresses(interface: str) -> tuple[str, str]:
     return match.group(1), switches[0]
 
 
+def recorded_job(fabric: str | None, job: int):
+    """The control plane's plan of ``job`` (a ``control_plane.jobs.JobPlan``) when its file can
+    be read here, else None."""
+    if not fabric:
+        return None
+    from control_plane.fabric import Fabric  # only where the control plane's file is
+
+    try:
+        return Fabric.load(fabric).job(job)
+    except (OSError, ValueError):
+        return None
+
+
 def resolve_schedule(topology: Topology, name: str | None, job: int,
                      fabric: str | None = None) -> Schedule:
     """The schedule to run: ``name``, or (None) the one the job was set up with when the
     fabric file can be read here, else what the planner picks (``auto``)."""
-    if name is None and fabric:
-        from control_plane.fabric import Fabric  # only where the control plane's file is
-
-        try:
-            plan = Fabric.load(fabric).job(job)
-        except (OSError, ValueError):
-            plan = None
+    if name is None:
+        plan = recorded_job(fabric, job)
         name = plan.schedule if plan is not None else None
     name = name or AUTO
     if name == AUTO:
@@ -67,6 +75,19 @@ def resolve_schedule(topology: Topology, name: str | None, job: int,
         return make_schedule(topology, name)
     except ScheduleError as exc:
         raise ValueError(str(exc)) from None
+
+
+def check_window(fabric: str | None, job: int, window: int) -> None:
+    """A window wider than the job's slot pool would send into slots the switch does not give
+    the job, and wait out the timeout: refuse it at once when the pool is known."""
+    plan = recorded_job(fabric, job)
+    if plan is None or not plan.groups:
+        return
+    pool = min(group.pool_size for group in plan.groups)
+    if window > pool:
+        raise ValueError(f"window {window} is wider than job {job}'s pool of {pool} slots per "
+                         f"switch: use --window {pool} or less, or set the job up with "
+                         f"--pool {window}")
 
 
 class Worker:
@@ -116,6 +137,7 @@ class Worker:
                 raise ValueError(f"--rank {rank}, but this is server {server} of "
                                  f"{topology.spec}")
             self.schedule = resolve_schedule(topology, schedule, job, fabric)
+            check_window(fabric, job, window)
             self.interfaces = [nic.interface for nic in nics]
             self.engine = Engine(job, server, topology, self.schedule,
                                  [(nic.ip, nic.switch_ip) for nic in nics], window, timeout,
