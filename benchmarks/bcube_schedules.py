@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=parse_size, default=4 << 20, help="float32 per server")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     parser.add_argument("--window", type=int, default=256,
-                        help="slots in flight per channel (at most the job's pool, 256)")
+                        help="slots in flight per channel (the job's pool is made to fit)")
     parser.add_argument("--name", default="bsched")
     args = parser.parse_args(argv)
     rate = rate_bits(args.rate)
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     net.down(args.name)
     state = net.up(args.name, args.topo, "soft", Shaping(rate=args.rate))
     try:
-        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(1)
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        fabric.add_scheduled_job(1, pool_size=max(256, args.window))
         with tempfile.TemporaryDirectory(prefix="bml-bsched-") as tmp:
             for schedule in args.schedules:
                 row = measure(state, schedule, args.size, rate, Path(tmp), args.window)
