@@ -700,6 +700,7 @@ class _Call:
                 for peer in peers:
                     peer.send(Kind.DONE, self.tag)
             for fd, peer in peer_fd.items():
+                self._check_open(peer)
                 if peer.paced:  # held back by its pacing, not by the socket: try again now
                     peer.flush()
                 wanted = 0 if peer.closed else select.POLLIN | (
@@ -730,11 +731,7 @@ class _Call:
                     peer.fill()
                     for message in peer.messages(self.tag):
                         self._on_message(peer, *message)
-                    if peer.closed and not peer.done:
-                                        raise TransportError(
-                            f"job {engine.job} server {engine.server}: server {peer.server} "
-                            f"(level {peer.dim}) closed its connection mid-call: it stopped "
-                            f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
+                    self._check_open(peer)
             for link in links:
                 link.drain()
             now = time.monotonic()
@@ -744,6 +741,13 @@ class _Call:
                 next_scan = now + min(rto.value for rto in self.rto) / 2
         if self.progress is not None:
             self.progress(self.blocks, self.blocks)
+
+    def _check_open(self, peer: Peer) -> None:
+        if peer.closed and not peer.done:
+            raise TransportError(
+                f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
+                f"(level {peer.dim}) closed its connection mid-call: it stopped "
+                f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
 
     def _fail(self, waited: float) -> None:
         engine = self.engine
