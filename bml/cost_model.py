@@ -107,15 +107,12 @@ def nic_wire_bytes(nic: NicTraffic, mtu: int = DEFAULT_MTU) -> tuple[float, floa
     return up, down
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """A schedule's predicted wire bytes per server and NIC, and its GST on links of
-    ``rate_bps`` each way: the busier direction of the busiest NIC over the rate."""
+class NicLoad:
+    """What follows from bytes per NIC (``nic_bytes[server][nic] = (up, down)``) on links of
+    ``rate_bps`` each way: GST is the busier direction of the busiest NIC over the rate."""
 
-    schedule: Schedule
-    elements: int
+    nic_bytes: tuple[tuple[tuple[float, float], ...], ...]
     rate_bps: float
-    nic_bytes: tuple[tuple[tuple[float, float], ...], ...]  # [server][level] = (up, down)
 
     @property
     def busiest(self) -> float:
@@ -132,6 +129,17 @@ class Prediction:
     @property
     def max_down(self) -> float:
         return max(down for server in self.nic_bytes for _, down in server)
+
+
+@dataclass(frozen=True)
+class Prediction(NicLoad):
+    """A schedule's predicted wire bytes per server and NIC, and its GST on links of
+    ``rate_bps`` each way: the busier direction of the busiest NIC over the rate."""
+
+    schedule: Schedule
+    elements: int
+    rate_bps: float
+    nic_bytes: tuple[tuple[tuple[float, float], ...], ...]  # [server][level] = (up, down)
 
 
 def blocks_of(elements: int) -> int:
@@ -193,7 +201,7 @@ TCP_ACK_SEGMENTS = 2  # a delayed ACK per this many full segments
 
 
 @dataclass(frozen=True)
-class WirePrediction:
+class WirePrediction(NicLoad):
     """Any scheme's predicted bytes per NIC (``[server][nic] = (up, down)``), its GST on links
     of ``rate_bps`` each way, and the switches its topology needs."""
 
@@ -202,22 +210,6 @@ class WirePrediction:
     rate_bps: float
     nic_bytes: tuple[tuple[tuple[float, float], ...], ...]
     switches: int
-
-    @property
-    def busiest(self) -> float:
-        return max(max(up, down) for server in self.nic_bytes for up, down in server)
-
-    @property
-    def gst(self) -> float:
-        return self.busiest * 8 / self.rate_bps
-
-    @property
-    def max_up(self) -> float:
-        return max(up for server in self.nic_bytes for up, _ in server)
-
-    @property
-    def max_down(self) -> float:
-        return max(down for server in self.nic_bytes for _, down in server)
 
 
 def tcp_nic_bytes(sent: float, received: float, mtu: int = DEFAULT_MTU) -> tuple[float, float]:

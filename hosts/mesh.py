@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from bml.protocol import mesh_tcp_port
 from bml.topology import Topology
-from hosts.sockets import QUEUE_BUDGET, unacked_bytes
+from hosts.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
@@ -88,18 +88,8 @@ class Peer:
 
     def fill(self) -> None:
         """Read what the socket has; EOF marks the peer closed."""
-        while True:
-            try:
-                data = self.sock.recv(RECV_CHUNK)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.closed = True
-                return
-            if not data:
-                self.closed = True
-                return
-            self.inbox += data
+        if not read_available(self.sock, self.inbox, RECV_CHUNK):
+            self.closed = True
 
     def messages(self, call: int):
         """Whole messages of call ``call`` from the inbox (kind, stripe, step, start, count,

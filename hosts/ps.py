@@ -34,7 +34,7 @@ import numpy as np
 
 from bml.cost_model import PS_CHUNK_VALUES, PS_HEADER_BYTES, shard_sizes
 from hosts.discovery import nic_counters
-from hosts.sockets import QUEUE_BUDGET, force_buffers, unacked_bytes
+from hosts.sockets import QUEUE_BUDGET, force_buffers, read_available, unacked_bytes
 
 HEADER = struct.Struct("!BBHII")
 assert HEADER.size == PS_HEADER_BYTES
@@ -92,18 +92,9 @@ class _Peer:
                 self.outbox[0] = head[sent:]
 
     def fill(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.closed = True
-                return
-            if not data:
-                self.closed = True
-                return
-            self.inbox += data
+        """Read what the socket has; EOF marks the peer closed."""
+        if not read_available(self.sock, self.inbox, RECV_BYTES):
+            self.closed = True
 
 
 class ParameterServer:

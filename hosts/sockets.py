@@ -32,3 +32,18 @@ QUEUE_BUDGET = 192_000
 def unacked_bytes(sock: socket.socket) -> int:
     """Bytes handed to the kernel on a TCP socket and not yet acknowledged (SIOCOUTQ)."""
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def read_available(sock: socket.socket, inbox: bytearray, chunk: int = 1 << 18) -> bool:
+    """Append what a non-blocking stream socket has to ``inbox``; False once the peer has
+    closed (EOF or an error), True while it is open."""
+    while True:
+        try:
+            data = sock.recv(chunk)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        inbox += data
