@@ -37,9 +37,34 @@ def have_netns() -> str | None:
     return None
 
 
-def in_namespace(namespace: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
+def in_namespace(namespace: str, *command: str, check: bool = True,
+                 timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", namespace, *command], capture_output=True,
-                          text=True, check=check, timeout=60)
+                          text=True, check=check, timeout=timeout)
+
+
+def start_switch(namespace: str, command: list[str], address: str, log: Path,
+                 name: str) -> subprocess.Popen:
+    """A switch process in ``namespace``, logging to ``log``; returns once its P4Runtime
+    server at ``address`` accepts connections (or raises, with the log's tail)."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(["ip", "netns", "exec", namespace, *command],
+                                   stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                   stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} switch exited: {log.read_text()[-2000:]}")
+        probe = in_namespace(namespace, sys.executable, "-c",
+                             "import socket,sys; s=socket.socket(); s.settimeout(0.3); "
+                             f"sys.exit(s.connect_ex(('127.0.0.1', {address.rsplit(':')[1]})))",
+                             check=False)
+        if probe.returncode == 0:
+            return process
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{name} switch did not serve P4Runtime within 30 s")
 
 
 class SwitchTestbed:
@@ -83,22 +108,7 @@ class SwitchTestbed:
             command = [self.bmv2, "--device-id", "1", *interfaces, "--no-p4", *logging,
                        "--", "--grpc-server-addr", GRPC, "--cpu-port", "510"]
         self.log = self.log_dir / f"switch-{self.target}-{self.namespace}.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *command],
-                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                            stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.target} switch exited: {self.log.read_text()[-2000:]}")
-            probe = in_namespace(self.namespace, sys.executable, "-c",
-                        "import socket,sys; s=socket.socket(); s.settimeout(0.3); "
-                        f"sys.exit(s.connect_ex(('127.0.0.1', {GRPC.rsplit(':')[1]})))",
-                        check=False)
-            if probe.returncode == 0:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.target} switch did not serve P4Runtime within 30 s")
+        self.process = start_switch(self.namespace, command, GRPC, self.log, self.target)
 
     def run_ptf(self, tests: list[str] | None = None, timeout: float = 900) -> dict[str, str]:
         """Run the PTF suite; returns {test name: 'ok' | 'FAIL' | 'ERROR' | 'skipped ...'}."""

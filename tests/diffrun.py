@@ -31,9 +31,9 @@ from bml.topology import Switch
 from control_plane.p4info import Names, built_p4info
 from control_plane.provision import install_group
 from control_plane.session import SwitchSession, entry
+from emulation.testbed import in_namespace, start_switch
 from tests.diffgen import JOBS, PORTS, Event, Expect, generate, table_entries
 
-REPO = Path(__file__).resolve().parent.parent
 SOFT_GRPC, BMV2_GRPC = "127.0.0.1:9559", "127.0.0.1:9560"
 COUNTER_WAIT = 5.0  # liveness bounds only: a correct target answers in milliseconds
 FRAME_WAIT = 3.0
@@ -346,12 +346,6 @@ def run(targets: list, events: list[Event], seed: int) -> Report:
 
 
 # ---------------------------------------------------------------------------- the testbed
-def in_namespace(namespace: str, *command: str, check: bool = True,
-                 timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", namespace, *command], capture_output=True,
-                          text=True, check=check, timeout=timeout)
-
-
 class DualTestbed:
     """The software target and simple_switch_grpc side by side in one namespace of their
     own, ports 1..8 each on veth pairs (sN/aN and bN/cN); without ``bmv2`` the software
@@ -389,23 +383,7 @@ class DualTestbed:
 
     def _start(self, name: str, command: list[str], address: str) -> None:
         log = self.log_dir / f"switch-{name}.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *command],
-                                       stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                       stdin=subprocess.DEVNULL)
-        self.processes.append(process)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"{name} switch exited: {log.read_text()[-2000:]}")
-            probe = in_namespace(self.namespace, sys.executable, "-c",
-                                 "import socket,sys; s=socket.socket(); s.settimeout(0.3); "
-                                 f"sys.exit(s.connect_ex(('127.0.0.1', {address.split(':')[1]})))",
-                                 check=False)
-            if probe.returncode == 0:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{name} switch did not serve P4Runtime within 30 s")
+        self.processes.append(start_switch(self.namespace, command, address, log, name))
 
     def drive(self, seed: int, packets: int, timeout: float = 1800) -> Report:
         """Run the driver inside the namespace; its JSON report."""
