@@ -33,6 +33,7 @@ IN_NETWORK = "in-network"
 HOST_BASED = "host-based"
 MIXED = "mixed"
 SCHEDULES = (IN_NETWORK, HOST_BASED, MIXED)
+AUTO = "auto"  # not a schedule: "the one the cost model predicts fastest"
 
 STRIPE_JOB_STRIDE = 512  # switch job id of stripe p of job J: J + p * STRIPE_JOB_STRIDE
 MAX_SCHEDULED_JOB = STRIPE_JOB_STRIDE - 1

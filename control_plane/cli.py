@@ -8,10 +8,10 @@ from pathlib import Path
 
 from bml import cost_model
 from bml.protocol import ResultMode
-from bml.schedule import DEFAULT_WINDOW, SCHEDULES
+from bml.schedule import AUTO, DEFAULT_WINDOW, SCHEDULES
 from bml.topology import Topology, TopologyError
 from control_plane.fabric import DEFAULT_FABRIC, Fabric, locked
-from control_plane.jobs import AUTO, DEFAULT_POOL_SIZE, JobError
+from control_plane.jobs import DEFAULT_POOL_SIZE, JobError
 from control_plane.session import SwitchError
 from control_plane.status import counter_table, event_lines, switch_lines
 

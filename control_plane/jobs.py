@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from bml.protocol import MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
 from bml.schedule import (
+    AUTO,
     DEFAULT_WINDOW,
     MAX_SCHEDULED_JOB,
     SCHEDULES,
@@ -125,9 +126,6 @@ def plan_job(topology: Topology, job_id: int, servers: list[int], level: int = 0
         plan.groups.append(AggregationGroup(switch, job_id, members, result_mode, base,
                                             pool_size))
     return plan
-
-
-AUTO = "auto"
 
 
 def plan_scheduled_job(topology: Topology, job_id: int, schedule: str = AUTO,

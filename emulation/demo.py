@@ -18,13 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from bml import cost_model
-from bml.schedule import SCHEDULES, make_schedule
+from bml.schedule import AUTO, SCHEDULES, make_schedule
 from control_plane.fabric import Fabric
 from emulation.net import NetError, down, up
 from emulation.netns import Shaping
 from emulation.workers import Push, PushResult, check_sum, run_pushes
-
-AUTO = "auto"
 
 
 def nic_table(runs: list[PushResult], prediction: cost_model.Prediction,

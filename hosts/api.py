@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 
 from bml.cost_model import choose
-from bml.schedule import SCHEDULES, Schedule, ScheduleError, make_schedule
+from bml.schedule import AUTO, SCHEDULES, Schedule, ScheduleError, make_schedule
 from bml.topology import Topology
 from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
 from hosts.engine import Engine, EngineStats
@@ -24,7 +24,6 @@ from hosts.transport import AggregationTransport, Stats, TransportError
 __all__ = ["GradientError", "TransportError", "Worker", "allreduce", "interface_addresses",
            "resolve_schedule"]
 
-AUTO = "auto"
 PLAN_ELEMENTS = 1 << 22  # the gradient size "auto" plans for (the choice hardly depends on it)
 
 

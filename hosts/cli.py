@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from bml.protocol import VALUES_PER_PACKET
-from bml.schedule import SCHEDULES
-from hosts.api import AUTO, GradientError, TransportError, Worker
+from bml.schedule import AUTO, SCHEDULES
+from hosts.api import GradientError, TransportError, Worker
 from hosts.engine import EngineStats
 from hosts.quantize import check_gradient
 
