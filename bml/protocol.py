@@ -37,6 +37,14 @@ EXPONENT_BIAS = 127  # exponent field = e + EXPONENT_BIAS; 0 means "no exponent 
 EXPONENT_NONE = 0
 MIN_EXPONENT = 1 - EXPONENT_BIAS  # -126
 MAX_EXPONENT = 255 - EXPONENT_BIAS  # 128 (every finite float32 has |x| < 2**128)
+GENERATIONS = 1 << 16  # the generation field wraps here
+GENERATION_HALF = 1 << 15  # up to this far ahead (mod GENERATIONS) a generation is newer
+
+
+def newer_generation(a: int, b: int) -> bool:
+    """Whether generation ``a`` is newer than ``b`` (serial-number arithmetic, as the switch
+    compares them)."""
+    return 0 < (a - b) % GENERATIONS < GENERATION_HALF
 
 
 class PacketType(enum.IntEnum):
@@ -46,6 +54,7 @@ class PacketType(enum.IntEnum):
     BROADCAST = 4  # multicast to the job's group without aggregation
     RESET = 5  # control: re-initialise one slot (both copies); accepted from CPU_PORT only
     ACK = 6  # header-only completion notice to non-owners of a reduce-scatter chunk
+    GENERATION = 7  # host: which generation is the job at? switch (header only): this one
 
 
 class ResultMode(enum.IntEnum):
@@ -63,6 +72,8 @@ class Stat(enum.IntEnum):
     BROADCAST = 4
     RESET = 5
     FORWARDED = 6
+    GENERATION = 7  # a generation query answered
+    OLD_CALL = 8  # a contribution of an older call: not added, answered with the generation
 
 
 class DropReason(enum.IntEnum):
@@ -82,10 +93,10 @@ class DropReason(enum.IntEnum):
     BAD_LENGTH = 11  # IPv4, UDP or frame length is not a full aggregation packet's
 
 
-STATS_SIZE = 8  # sizes of the counter arrays (>= number of enum members)
+STATS_SIZE = 16  # sizes of the counter arrays (>= number of enum members)
 DROPS_SIZE = 16
 
-# type, version, job_id, worker_id, owner_id, slot, exponent, count, reserved, offset
+# type, version, job_id, worker_id, owner_id, slot, exponent, count, generation, offset
 HEADER_STRUCT = struct.Struct("!BBHBBHBBHI")
 HEADER_BYTES = HEADER_STRUCT.size  # 16
 VALUES_BYTES = 4 * VALUES_PER_PACKET
@@ -109,7 +120,7 @@ class BML(Packet):
         ShortField("slot", 0),
         ByteField("exponent", EXPONENT_NONE),
         ByteField("count", VALUES_PER_PACKET),
-        ShortField("reserved", 0),
+        ShortField("generation", 0),
         IntField("offset", 0),
     ]
 
@@ -164,14 +175,16 @@ def pack_header(
     exponent: int = EXPONENT_NONE,
     count: int = VALUES_PER_PACKET,
     offset: int = 0,
+    generation: int = 0,
 ) -> bytes:
     return HEADER_STRUCT.pack(
-        ptype, version, job_id, worker_id, owner_id, slot, exponent, count, 0, offset
+        ptype, version, job_id, worker_id, owner_id, slot, exponent, count, generation, offset
     )
 
 
 def unpack_header(payload: bytes | memoryview) -> tuple[int, ...]:
-    """(type, version, job_id, worker_id, owner_id, slot, exponent, count, reserved, offset)."""
+    """(type, version, job_id, worker_id, owner_id, slot, exponent, count, generation,
+    offset)."""
     return HEADER_STRUCT.unpack_from(payload, 0)
 
 

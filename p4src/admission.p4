@@ -46,7 +46,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         } else if (hdr.bml.count > VALUES_PER_PACKET) {
             meta.drop_reason = DROP_BAD_COUNT;
         } else if (hdr.bml.version > 1 || (hdr.bml.type != TYPE_DATA &&
-                   hdr.bml.type != TYPE_BROADCAST && hdr.bml.type != TYPE_RESET)) {
+                   hdr.bml.type != TYPE_BROADCAST && hdr.bml.type != TYPE_RESET &&
+                   hdr.bml.type != TYPE_GENERATION)) {
             meta.drop_reason = DROP_BAD_TYPE;
         } else if (!job_config.apply().hit) {
             meta.drop_reason = DROP_UNKNOWN_JOB;

@@ -1,8 +1,10 @@
 // The slot pool: per slot copy the running sums, worker bitmap, contribution count, max
-// exponent and chunk offset. A copy is re-initialised by the first contribution of its next
-// use (its bitmap is empty then, because every worker cleared its bit when it moved on to the
-// other copy) and by a RESET frame, since simple_switch_grpc cannot write registers over
-// P4Runtime.
+// exponent, chunk offset and generation. A copy is re-initialised by the first contribution of
+// its next use (its bitmap is empty then, because every worker cleared its bit when it moved on
+// to the other copy), by the first contribution of a newer call (another generation: whatever
+// an aborted call left there is abandoned) and by a RESET frame, since simple_switch_grpc
+// cannot write registers over P4Runtime. Per job the switch keeps the newest generation it has
+// seen: a contribution of an older call is not added but answered with it.
 #ifndef BML_AGGREGATION_P4
 #define BML_AGGREGATION_P4
 
@@ -15,6 +17,8 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     register<bit<8>>(POOL_COPIES) contributions;
     register<bit<8>>(POOL_COPIES) max_exponent;
     register<bit<32>>(POOL_COPIES) chunk_offset;
+    register<bit<16>>(POOL_COPIES) copy_generation;
+    register<bit<16>>(JOB_IDS) job_generation;
     FOR_LANES(LANE_REGISTER)
 
     apply {
@@ -28,63 +32,94 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             worker_bitmap.write(copy0 | 1, 0);
             contributions.write(copy0, 0);
             contributions.write(copy0 | 1, 0);
+            job_generation.write((bit<32>)hdr.bml.job_id, 0);  // a job set up afresh
             meta.stat = STAT_RESET;
             meta.consumed = 1;
         } else {
-            bit<32> bitmap;
-            bit<8> count;
-            bit<32> stored_offset;
-            bit<32> me = (bit<32>)1 << (bit<8>)hdr.bml.worker_id;
-            worker_bitmap.read(bitmap, idx);
-            contributions.read(count, idx);
-            chunk_offset.read(stored_offset, idx);
-
-            if ((bitmap & me) != 0) {
-                if (count == meta.num_workers && stored_offset == hdr.bml.offset) {
-                    // A retransmission into a completed copy: send the stored sum back.
-                    FOR_LANES(LANE_LOAD)
-                    max_exponent.read(hdr.bml.exponent, idx);
-                    hdr.bml.type = TYPE_RESULT_RETX;
-                    meta.stat = STAT_RETX_ANSWERED;
+            bit<16> current;
+            job_generation.read(current, (bit<32>)hdr.bml.job_id);
+            bit<16> ahead = hdr.bml.generation - current;
+            if (hdr.bml.type == TYPE_DATA && ahead != 0 && ahead < GENERATION_HALF) {
+                current = hdr.bml.generation;  // a newer call: from now on the job's
+                job_generation.write((bit<32>)hdr.bml.job_id, current);
+            }
+            if (hdr.bml.type == TYPE_GENERATION || hdr.bml.generation != current) {
+                // A query, or a contribution of an older call (a worker that missed the
+                // restart of its job): not added; the sender learns the job's generation.
+                if (hdr.bml.type == TYPE_GENERATION) {
+                    meta.stat = STAT_GENERATION;
                 } else {
+                    meta.stat = STAT_OLD_CALL;
+                }
+                hdr.bml.type = TYPE_GENERATION;
+                hdr.bml.generation = current;
+                hdr.lo.setInvalid();
+                hdr.hi.setInvalid();
+            } else {
+                bit<32> bitmap;
+                bit<8> count;
+                bit<32> stored_offset;
+                bit<16> stored_generation;
+                bit<32> me = (bit<32>)1 << (bit<8>)hdr.bml.worker_id;
+                worker_bitmap.read(bitmap, idx);
+                contributions.read(count, idx);
+                chunk_offset.read(stored_offset, idx);
+                copy_generation.read(stored_generation, idx);
+                if (stored_generation != hdr.bml.generation) {
+                    bitmap = 0;  // left by an older call: abandoned
+                    count = 0;
+                }
+
+                if ((bitmap & me) != 0) {
+                    if (count == meta.num_workers && stored_offset == hdr.bml.offset) {
+                        // A retransmission into a completed copy: send the stored sum back.
+                        FOR_LANES(LANE_LOAD)
+                        max_exponent.read(hdr.bml.exponent, idx);
+                        hdr.bml.type = TYPE_RESULT_RETX;
+                        meta.stat = STAT_RETX_ANSWERED;
+                    } else {
+                        meta.stat = STAT_DUPLICATE;
+                        meta.consumed = 1;
+                    }
+                } else if (bitmap != 0 && stored_offset != hdr.bml.offset) {
+                    meta.drop_reason = DROP_STALE;
+                } else if (count == meta.num_workers && stored_offset == hdr.bml.offset) {
+                    // A late copy of a contribution to this completed round, from a worker that
+                    // has moved on (its bit went when it used the other copy), even after every
+                    // worker moved on (the bitmap is empty then): never added twice. Within a
+                    // call no two uses of a copy carry the same offset.
                     meta.stat = STAT_DUPLICATE;
                     meta.consumed = 1;
-                }
-            } else if (bitmap != 0 && stored_offset != hdr.bml.offset) {
-                meta.drop_reason = DROP_STALE;
-            } else if (bitmap != 0 && count == meta.num_workers) {
-                // A late copy of a contribution to this completed round, from a worker that
-                // has moved on (its bit went when it used the other copy): never added twice.
-                meta.stat = STAT_DUPLICATE;
-                meta.consumed = 1;
-            } else {
-                bit<32> keep = 0xffffffff;
-                bit<8> exponent;
-                bit<32> other_bitmap;
-                max_exponent.read(exponent, idx);
-                if (bitmap == 0) {
-                    keep = 0;
-                    count = 0;
-                    exponent = 0;
-                    chunk_offset.write(idx, hdr.bml.offset);
-                }
-                worker_bitmap.write(idx, bitmap | me);
-                worker_bitmap.read(other_bitmap, other);
-                worker_bitmap.write(other, other_bitmap & ~me);
-                count = count + 1;
-                contributions.write(idx, count);
-                if (hdr.bml.exponent > exponent) {
-                    exponent = hdr.bml.exponent;
-                }
-                max_exponent.write(idx, exponent);
-                FOR_LANES(LANE_ADD)
-                meta.stat = STAT_AGGREGATED;
-                if (count == meta.num_workers) {
-                    meta.completed = 1;
-                    hdr.bml.type = TYPE_RESULT;
-                    hdr.bml.exponent = exponent;
                 } else {
-                    meta.consumed = 1;
+                    bit<32> keep = 0xffffffff;
+                    bit<8> exponent;
+                    bit<32> other_bitmap;
+                    max_exponent.read(exponent, idx);
+                    if (bitmap == 0) {
+                        keep = 0;
+                        count = 0;
+                        exponent = 0;
+                        chunk_offset.write(idx, hdr.bml.offset);
+                        copy_generation.write(idx, hdr.bml.generation);
+                    }
+                    worker_bitmap.write(idx, bitmap | me);
+                    worker_bitmap.read(other_bitmap, other);
+                    worker_bitmap.write(other, other_bitmap & ~me);
+                    count = count + 1;
+                    contributions.write(idx, count);
+                    if (hdr.bml.exponent > exponent) {
+                        exponent = hdr.bml.exponent;
+                    }
+                    max_exponent.write(idx, exponent);
+                    FOR_LANES(LANE_ADD)
+                    meta.stat = STAT_AGGREGATED;
+                    if (count == meta.num_workers) {
+                        meta.completed = 1;
+                        hdr.bml.type = TYPE_RESULT;
+                        hdr.bml.exponent = exponent;
+                    } else {
+                        meta.consumed = 1;
+                    }
                 }
             }
         }

@@ -31,7 +31,8 @@ control EgressRewrite(inout headers_t hdr, inout metadata_t meta,
                 unaddressed.count(0);
                 mark_to_drop(standard_metadata);
             } else {
-                if (meta.result_mode == MODE_TO_OWNER && hdr.bml.type != TYPE_BROADCAST &&
+                if (meta.result_mode == MODE_TO_OWNER && (hdr.bml.type == TYPE_RESULT ||
+                        hdr.bml.type == TYPE_RESULT_RETX) &&
                         standard_metadata.egress_port != meta.owner_port) {
                     hdr.lo.setInvalid();
                     hdr.hi.setInvalid();

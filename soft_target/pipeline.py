@@ -28,6 +28,7 @@ from bml.protocol import (
     PacketType,
     ResultMode,
     Stat,
+    newer_generation,
 )
 
 POOL_COPIES = 2 * POOL_SLOTS
@@ -38,7 +39,9 @@ FULL_END = VALUES_OFF + 4 * VALUES_PER_PACKET  # 314
 LO_END = VALUES_OFF + 2 * VALUES_PER_PACKET  # 186
 IPV4_LEN_FULL, UDP_LEN_FULL = 300, 280
 IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = 44, 24
-_ACCEPTED_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET)
+_ACCEPTED_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET,
+                   PacketType.GENERATION)
+JOB_IDS = 4096  # one generation register per job id
 _BE_VALUES = np.dtype(">i4")
 _IPV4_WORDS = struct.Struct("!10H")
 _UDP_HALF = struct.Struct("!HH")  # two words of the UDP header: ports, or length and checksum
@@ -116,6 +119,8 @@ class Pipeline:
         self.contributions = [0] * POOL_COPIES
         self.max_exponent = [0] * POOL_COPIES
         self.chunk_offset = [0] * POOL_COPIES
+        self.copy_generation = [0] * POOL_COPIES
+        self.job_generation = [0] * JOB_IDS
         self.sums = np.zeros((POOL_COPIES, VALUES_PER_PACKET), dtype=np.int32)
 
     # ------------------------------------------------------------------ ingress
@@ -145,9 +150,8 @@ class Pipeline:
             return self._drop(DropReason.SHORT_PACKET)
         if n != FULL_END or frame[16:18] != _IPV4_LEN_FULL or frame[38:40] != _UDP_LEN_FULL:
             return self._drop(DropReason.BAD_LENGTH)
-        (ptype, version, job_id, worker_id, _owner, slot, exponent, count, _r, offset) = (
-            HEADER_STRUCT.unpack_from(frame, BML_OFF)
-        )
+        (ptype, version, job_id, worker_id, _owner, slot, exponent, count, generation,
+         offset) = HEADER_STRUCT.unpack_from(frame, BML_OFF)
         # Admission
         if count > VALUES_PER_PACKET:
             return self._drop(DropReason.BAD_COUNT)
@@ -172,27 +176,43 @@ class Pipeline:
             self.stats[Stat.BROADCAST] += 1
             values = frame[VALUES_OFF:FULL_END]
             return self._route(frame, port, job, ptype, exponent, values, tables)
-        return self._aggregate(frame, port, job, ptype, version, worker_id, slot, exponent,
-                               offset, tables)
+        return self._aggregate(frame, port, job, job_id, ptype, version, worker_id, slot,
+                               exponent, generation, offset, tables)
 
-    def _aggregate(self, frame: bytes, port: int, job: JobConfig, ptype: int, version: int,
-                   worker_id: int, slot: int, exponent: int, offset: int,
-                   tables: Tables) -> list[tuple[int, bytes]]:
+    def _aggregate(self, frame: bytes, port: int, job: JobConfig, job_id: int, ptype: int,
+                   version: int, worker_id: int, slot: int, exponent: int, generation: int,
+                   offset: int, tables: Tables) -> list[tuple[int, bytes]]:
         copy0 = ((job.pool_base + slot) << 1) & 0xFFFFFFFF  # bit<32> arithmetic
-        if copy0 >= POOL_COPIES:
-            return self._past_registers(frame, port, job, ptype, exponent, tables)
+        past = copy0 >= POOL_COPIES
         bitmaps = self.worker_bitmap
         if ptype == PacketType.RESET:
-            bitmaps[copy0] = bitmaps[copy0 | 1] = 0
-            self.contributions[copy0] = self.contributions[copy0 | 1] = 0
+            if not past:
+                bitmaps[copy0] = bitmaps[copy0 | 1] = 0
+                self.contributions[copy0] = self.contributions[copy0 | 1] = 0
+            if job_id < JOB_IDS:
+                self.job_generation[job_id] = 0  # a job set up afresh
             self.stats[Stat.RESET] += 1
             return []
+        current = self.job_generation[job_id] if job_id < JOB_IDS else 0
+        if ptype == PacketType.DATA and newer_generation(generation, current):
+            current = generation  # a newer call: from now on the job's
+            if job_id < JOB_IDS:
+                self.job_generation[job_id] = current
+        if ptype == PacketType.GENERATION or generation != current:
+            # A query, or a contribution of an older call: answered with the job's generation.
+            self.stats[Stat.GENERATION if ptype == PacketType.GENERATION else Stat.OLD_CALL] += 1
+            return self._route(frame, port, job, PacketType.GENERATION, exponent, b"", tables,
+                               generation=current)
+        if past:
+            return self._past_registers(frame, port, job, exponent, tables)
         idx = copy0 | version
         other = copy0 | (1 - version)
         me = (1 << worker_id) & 0xFFFFFFFF
         bitmap = bitmaps[idx]
         count = self.contributions[idx]
         stored_offset = self.chunk_offset[idx]
+        if self.copy_generation[idx] != generation:
+            bitmap = count = 0  # left by an older call: abandoned
         if bitmap & me:
             if count == job.num_workers and stored_offset == offset:
                 self.stats[Stat.RETX_ANSWERED] += 1
@@ -203,7 +223,8 @@ class Pipeline:
             return []
         if bitmap and stored_offset != offset:
             return self._drop(DropReason.STALE)
-        if bitmap and count == job.num_workers:  # a late copy from a worker that moved on
+        if count == job.num_workers and stored_offset == offset:
+            # A late copy from a worker that moved on, even after every worker moved on.
             self.stats[Stat.DUPLICATE] += 1
             return []
         row = self.sums[idx]
@@ -213,6 +234,7 @@ class Pipeline:
             count = 0
             best = 0
             self.chunk_offset[idx] = offset
+            self.copy_generation[idx] = generation
             row[:] = incoming
         else:
             best = self.max_exponent[idx]
@@ -231,16 +253,13 @@ class Pipeline:
         return self._route(frame, port, job, PacketType.RESULT, best,
                            row.astype(_BE_VALUES).tobytes(), tables)
 
-    def _past_registers(self, frame: bytes, port: int, job: JobConfig, ptype: int,
-                        exponent: int, tables: Tables) -> list[tuple[int, bytes]]:
+    def _past_registers(self, frame: bytes, port: int, job: JobConfig, exponent: int,
+                        tables: Tables) -> list[tuple[int, bytes]]:
         """A pool that lies past the register arrays (only a control plane that does not check
         installs one; ours keeps pools inside POOL_SLOTS). BMv2 reads 0 there and ignores the
         writes, so every contribution is the first of an empty copy and nothing is kept: a
-        RESET is counted, a contribution is aggregated alone and completes only a one-worker
-        job, with its own values."""
-        if ptype == PacketType.RESET:
-            self.stats[Stat.RESET] += 1
-            return []
+        RESET is counted (above), a contribution is aggregated alone and completes only a
+        one-worker job, with its own values."""
         self.stats[Stat.AGGREGATED] += 1
         if job.num_workers != 1:
             return []
@@ -249,16 +268,19 @@ class Pipeline:
                            frame[VALUES_OFF:FULL_END], tables)
 
     def _route(self, frame: bytes, port: int, job: JobConfig, ptype: int, exponent: int,
-               values: bytes, tables: Tables) -> list[tuple[int, bytes]]:
-        """ResultRouting, then EgressRewrite for every copy."""
+               values: bytes, tables: Tables,
+               generation: int | None = None) -> list[tuple[int, bytes]]:
+        """ResultRouting, then EgressRewrite for every copy. A GENERATION answer (header only,
+        ``generation`` in it) goes back to the sender."""
         owner_port = None
-        if ptype != PacketType.BROADCAST and job.result_mode == ResultMode.TO_OWNER:
+        if ptype in (PacketType.RESULT, PacketType.RESULT_RETX) and \
+                job.result_mode == ResultMode.TO_OWNER:
             owner_id = frame[BML_OFF + 5]
             owner_port = tables.owner_route.get((frame[BML_OFF + 2] << 8 | frame[BML_OFF + 3],
                                                  owner_id))
             if owner_port is None:
                 return self._drop(DropReason.NO_OWNER)
-        if ptype == PacketType.RESULT_RETX:
+        if ptype in (PacketType.RESULT_RETX, PacketType.GENERATION):
             egress_ports: tuple[int, ...] = (port,)
         else:
             egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
@@ -271,6 +293,8 @@ class Pipeline:
         bml = bytearray(frame[BML_OFF:VALUES_OFF])
         bml[0] = ptype
         bml[8] = exponent
+        if generation is not None:
+            bml[10:12] = generation.to_bytes(2, "big")
         full_body = bytes(bml) + values
         out = []
         for egress_port in egress_ports:
@@ -283,6 +307,9 @@ class Pipeline:
             if owner_port is not None and egress_port != owner_port:
                 bml[0] = PacketType.ACK
                 body = bytes(bml)
+                ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
+            elif not values:
+                body = full_body
                 ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
             else:
                 body = full_body

@@ -3,7 +3,9 @@ must do with it.
 
 The generator plays the hosts and the controller of three jobs on one switch: rounds of
 contributions (in the order hosts may send them: a slot's next use only after its previous
-one completed), duplicates, retransmissions, late copies, stale and forged contributions,
+one completed), new calls (a newer generation abandons what the last one left), generation
+questions and contributions of older calls, duplicates, retransmissions, late copies, stale
+and forged contributions,
 malformed frames, ordinary traffic, broadcasts, controller PacketOuts (RESETs, forged ones)
 and changes of l2_forward's default entry. It knows by construction what each
 packet must do (docs/PROTOCOL.md): the counters it moves and the exact frames that leave. So
@@ -27,6 +29,8 @@ from bml.protocol import (
     CONTROLLER_MAGIC,
     CPU_PORT,
     EXPONENT_NONE,
+    GENERATION_HALF,
+    GENERATIONS,
     HEADER_STRUCT,
     VALUES_PER_PACKET,
     VALUES_STRUCT,
@@ -35,6 +39,7 @@ from bml.protocol import (
     ResultMode,
     Stat,
     job_udp_port,
+    newer_generation,
 )
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import Names
@@ -121,22 +126,23 @@ def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int,
                       values: tuple[int, ...], exponent: int = EXPONENT_NONE, owner: int = 0,
                       ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
                       tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64,
-                      reserved: int = 0) -> bytes:
+                      generation: int = 0) -> bytes:
     """What a host on ``port`` sends to the switch (flags: the IPv4 flags/offset word)."""
     ip = _IPV4.pack(0x45, tos, 300, ident, flags, ttl, 17, 0, host_ip(port), SWITCH_IP)
     ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
     header = HEADER_STRUCT.pack(ptype, version, job, worker, owner, slot, exponent, count,
-                                reserved, offset)
+                                generation, offset)
     return b"".join((SWITCH_MAC, host_mac(port), b"\x08\x00", ip,
                      _UDP.pack(job_udp_port(job), BML_UDP_PORT, 280, 0), header,
                      VALUES_STRUCT.pack(*values)))
 
 
 def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
-                 values: bytes | None) -> bytes:
+                 values: bytes | None, generation: int | None = None) -> bytes:
     """What the switch sends to the host on ``port`` in answer to ``trigger`` (docs/PROTOCOL.md
     "Framing"): its addresses, the trigger's TOS, identification, flags and BML fields, TTL 64,
-    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK."""
+    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK or GENERATION answer
+    (which carries the job's ``generation``)."""
     ip_len, udp_len = (300, 280) if values is not None else (44, 24)
     ip = _IPV4.pack(0x45, trigger[15], ip_len, int.from_bytes(trigger[18:20], "big"),
                     int.from_bytes(trigger[20:22], "big"), 64, 17, 0, SWITCH_IP, host_ip(port))
@@ -144,6 +150,8 @@ def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
     header = bytearray(trigger[42:58])
     header[0] = ptype
     header[8] = exponent
+    if generation is not None:
+        header[10:12] = generation.to_bytes(2, "big")
     return b"".join((host_mac(port), SWITCH_MAC, b"\x08\x00", ip,
                      _UDP.pack(BML_UDP_PORT, int.from_bytes(trigger[34:36], "big"), udp_len, 0),
                      bytes(header), values or b""))
@@ -209,6 +217,7 @@ class Round:
     use: int
     offset: int
     owner: int
+    generation: int  # the call's
     exponents: dict[int, int]
     values: dict[int, tuple[int, ...]]
     sent: dict[int, bytes] = field(default_factory=dict)  # worker -> its first frame
@@ -237,6 +246,8 @@ class Generator:
         self.ident = 0
         self.decks: dict[tuple[str, ...], list[str]] = {}
         self.l2_default: int | None = None  # where l2_forward sends unknown destinations
+        self.call_generation = {job.job_id: 0 for job in JOBS}  # what the hosts' call uses
+        self.switch_generation = {job.job_id: 0 for job in JOBS}  # the switch's register
         for job in JOBS:
             for slot in range(job.group.pool_size):
                 self.rounds[job.job_id, slot] = self._new_round(job, slot, 0)
@@ -253,7 +264,8 @@ class Generator:
         values = {w: tuple(rng.randint(-bound - 1, bound) if rng.random() < 0.9 else 0
                            for _ in range(VALUES_PER_PACKET)) for w in workers}
         exponents = {w: rng.choice((EXPONENT_NONE, rng.randint(1, 255))) for w in workers}
-        return Round(job, slot, use, next(self.offsets), owner, exponents, values)
+        return Round(job, slot, use, next(self.offsets), owner,
+                     self.call_generation[job.job_id], exponents, values)
 
     def _deal(self, kinds: tuple[str, ...]) -> str:
         """The next of ``kinds`` from a shuffled deck: every kind comes up within a few
@@ -278,10 +290,11 @@ class Generator:
 
     def _bml_fields(self) -> dict[int, int]:
         """BML fields the switch copies but does not act on: ``count`` (every lane is added
-        whatever it says, up to 64) and ``reserved``."""
+        whatever it says, up to 64); and ``generation``, which a BROADCAST does not use (a
+        contribution's is its round's)."""
         rng = self.rng
         return {"count": rng.choice((VALUES_PER_PACKET,) * 3 + (0, rng.randint(1, 63))),
-                "reserved": rng.choice((0, 0, 0, rng.randrange(1 << 16)))}
+                "generation": rng.choice((0, 0, 0, rng.randrange(1 << 16)))}
 
     def _frame(self, rnd: Round, worker: int, values: tuple[int, ...] | None = None,
                **overrides: int) -> bytes:
@@ -289,6 +302,7 @@ class Generator:
         fields: dict = {"exponent": rnd.exponents[worker], "owner": rnd.owner}
         fields.update(self._ip_fields())
         fields.update(self._bml_fields())
+        fields["generation"] = rnd.generation
         fields.update(overrides)
         port = fields.pop("port", job.workers.get(worker, 1))
         return aggregation_frame(port, job.job_id, worker, rnd.slot, rnd.version, rnd.offset,
@@ -297,6 +311,27 @@ class Generator:
     def _add(self, what: str, port: int, frame: bytes, expect: Expect,
              magic: int = CONTROLLER_MAGIC) -> None:
         self.events.append(Event(len(self.events), what, port, frame, expect, magic))
+
+    def _admitted(self, job: Job, generation: int, trigger: bytes, port: int) -> Expect | None:
+        """A DATA past admission meets the job's generation: a newer one becomes the job's;
+        an older one is answered with it (the Expect returned), never added."""
+        current = self.switch_generation[job.job_id]
+        if newer_generation(generation, current):
+            self.switch_generation[job.job_id] = generation
+            return None
+        if generation == current:
+            return None
+        return self._generation_answer(job, trigger, port, Stat.OLD_CALL)
+
+    def _generation_answer(self, job: Job, trigger: bytes, port: int, stat: Stat) -> Expect:
+        expect = Expect(stats=Counter({stat: 1}))
+        if port in ADDRESSED_PORTS:
+            expect.outputs.append((port, switch_frame(
+                trigger, port, PacketType.GENERATION, trigger[50], None,
+                self.switch_generation[job.job_id])))
+        else:
+            expect.unaddressed += 1
+        return expect
 
     def _drop(self, reason: DropReason) -> Expect:
         return Expect(drops=Counter({reason: 1}))
@@ -338,10 +373,10 @@ class Generator:
                      owner_port)
 
     # ------------------------------------------------------------------ actions
-    def contribute(self) -> None:
+    def contribute(self, job: Job | None = None) -> None:
         """A worker's first contribution to its slot's current round (the last one of the
         round gets the sum to the group)."""
-        job = self.rng.choice(JOBS)
+        job = job or self.rng.choice(JOBS)
         slot = self.rng.randrange(job.group.pool_size)
         rnd = self.rounds[job.job_id, slot]
         if rnd.complete:
@@ -351,6 +386,11 @@ class Generator:
         frame = self._frame(rnd, worker)
         if self.rng.random() < 0.05:  # the IPv4 checksum is not checked (docs/PROTOCOL.md)
             frame = frame[:24] + bytes([frame[24] ^ 0x5A]) + frame[25:]
+        old = self._admitted(job, rnd.generation, frame, job.workers[worker])
+        if old is not None:  # the switch is at a newer generation (after a RESET): not added
+            self._add(f"old call j{job.job_id} s{slot} w{worker}", job.workers[worker], frame,
+                      old)
+            return
         rnd.sent[worker] = frame
         rnd.contributed.append(worker)
         expect = Expect(stats=Counter({Stat.AGGREGATED: 1}))
@@ -366,19 +406,15 @@ class Generator:
     def resend(self) -> None:
         """A contribution sent again: a duplicate while its round fills, the stored sum back to
         that worker once it completed (while the worker's bit is still in that copy), and a
-        duplicate again once the worker moved on while others' bits are still there (a late
-        copy overtaken in the network). Once every worker moved on, the copy's bitmap is
-        empty and a late copy would start it afresh: the header cannot tell it from a new use
-        with the same offset (docs/PROTOCOL.md), so hosts must not cause that; not sent."""
+        duplicate again once the worker moved on (a late copy overtaken in the network), also
+        once every worker moved on; of an older call: answered with the generation."""
         choices = []
         for rnd in self.rounds.values():
             if rnd.resendable:
                 choices += [(rnd, w) for w in rnd.contributed]
         for rnd in self.previous.values():
             if rnd.resendable:
-                choices += [(rnd, w) for w in rnd.contributed if w not in rnd.moved]
-                if len(rnd.moved) < len(rnd.job.workers):
-                    choices += [(rnd, w) for w in sorted(rnd.moved)]
+                choices += [(rnd, w) for w in rnd.contributed]
         if not choices:
             return self.contribute()
         rnd, worker = self.rng.choice(choices)
@@ -389,7 +425,10 @@ class Generator:
             overrides["owner"] = self.rng.choice([*rnd.job.workers, 200])
         frame = self._frame(rnd, worker, self._poison() if self.rng.random() < 0.3 else None,
                             **overrides)
-        if worker in rnd.moved:
+        old = self._admitted(rnd.job, rnd.generation, frame, rnd.job.workers[worker])
+        if old is not None:
+            expect, what = old, "old call"
+        elif worker in rnd.moved:
             expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
             what = "late copy"
         elif rnd.complete:
@@ -423,8 +462,12 @@ class Generator:
                                   rnd.offset + 64))
         frame = aggregation_frame(rnd.job.workers[worker], rnd.job.job_id, worker, rnd.slot,
                                   rnd.version, offset & 0xFFFFFFFF, self._poison(),
-                                  owner=rnd.owner, **self._ip_fields())
-        if worker in rnd.contributed:
+                                  owner=rnd.owner, generation=rnd.generation,
+                                  **self._ip_fields())
+        old = self._admitted(rnd.job, rnd.generation, frame, rnd.job.workers[worker])
+        if old is not None:
+            expect = old
+        elif worker in rnd.contributed:
             expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
         else:
             expect = self._drop(DropReason.STALE)
@@ -466,7 +509,7 @@ class Generator:
             frame = self._frame(rnd, worker, poison, count=rng.randint(65, 255))
             self._add("bad count", port, frame, self._drop(DropReason.BAD_COUNT))
         elif kind == "type":
-            ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK, 7,
+            ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK, 8,
                                 255))
             frame = self._frame(rnd, worker, poison, ptype=ptype)
             self._add(f"bad type {ptype}", port, frame, self._drop(DropReason.BAD_TYPE))
@@ -643,6 +686,7 @@ class Generator:
         frame = aggregation_frame(1, job.job_id, 0, slot, 0, 0, (0,) * VALUES_PER_PACKET,
                                   ptype=PacketType.RESET)
         frame = SWITCH_MAC + SWITCH_MAC + frame[12:]
+        self.switch_generation[job.job_id] = 0  # a RESET sets the job up afresh
         if rnd.complete:
             rnd.resendable = False
         else:
@@ -653,6 +697,49 @@ class Generator:
             previous.resendable = False
         self._add(f"reset j{job.job_id} s{slot}", CPU_PORT, frame,
                   Expect(stats=Counter({Stat.RESET: 1})))
+
+    def generation(self) -> None:
+        """A worker asks for its job's generation; a worker of an older call contributes
+        (answered, not added); or the job's hosts start a new call (a newer generation): every
+        round in progress is abandoned, and the new call's first contribution leaves what the
+        old call left in its slot behind."""
+        rng = self.rng
+        job = rng.choice(JOBS)
+        worker = rng.choice(sorted(job.workers))
+        port = job.workers[worker]
+        kind = self._deal(("query", "old", "new call"))
+        current = self.switch_generation[job.job_id]
+        if kind == "query":
+            frame = aggregation_frame(port, job.job_id, worker,
+                                      rng.randrange(job.group.pool_size), rng.randint(0, 1),
+                                      rng.randrange(1 << 32), self._poison(),
+                                      ptype=PacketType.GENERATION, exponent=rng.randrange(256),
+                                      **self._ip_fields(), **self._bml_fields())
+            self._add(f"generation query j{job.job_id} w{worker}", port, frame,
+                      self._generation_answer(job, frame, port, Stat.GENERATION))
+        elif kind == "old":
+            older = (current - rng.choice((1, 2, rng.randint(1, GENERATION_HALF - 1)))) \
+                % GENERATIONS
+            frame = aggregation_frame(port, job.job_id, worker,
+                                      rng.randrange(job.group.pool_size), rng.randint(0, 1),
+                                      rng.randrange(1 << 32), self._poison(),
+                                      exponent=rng.randrange(256), generation=older,
+                                      **self._ip_fields())
+            self._add(f"old call j{job.job_id} w{worker}", port, frame,
+                      self._admitted(job, older, frame, port))
+        else:
+            # Small steps: 16-bit generations repeat only after 65,536 of them (PTF's
+            # generation.GenerationsWrapAround holds the wrap-around).
+            step = rng.choice((1, 1, 2, 3, 1000))
+            self.call_generation[job.job_id] = (max(
+                self.call_generation[job.job_id], current, key=lambda g: (g - current)
+                % GENERATIONS) + step) % GENERATIONS
+            for slot in range(job.group.pool_size):
+                old = self.rounds[job.job_id, slot]
+                self.previous[job.job_id, slot] = old
+                self.rounds[job.job_id, slot] = self._new_round(job, slot, old.use + 1)
+            self.contribute(job)
+            self.events[-1].what = "new call " + self.events[-1].what
 
     def control(self) -> None:
         """The controller changes l2_forward's default entry (a P4Runtime write, no packet):
@@ -668,7 +755,7 @@ class Generator:
 
     ACTIONS = (("contribute", 40), ("resend", 14), ("stale", 6), ("forged", 12),
                ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2),
-               ("control", 1))
+               ("generation", 4), ("control", 1))
 
     def generate(self, packets: int) -> list[Event]:
         """Actions dealt from a shuffled deck that holds each as often as its weight: every

@@ -6,6 +6,7 @@ import grpc
 import pytest
 from p4.v1 import p4runtime_pb2
 
+from bml.protocol import STATS_SIZE
 from control_plane.p4info import Names, built_p4info
 from control_plane.session import SwitchError, SwitchSession, entry
 from soft_target.p4runtime_server import serve
@@ -95,7 +96,7 @@ def test_an_election_id_in_use_is_refused_and_readers_need_none(soft_switch):
     session.push_pipeline()
     readers = [SwitchSession("soft", address, 1, timeout=3, stream=False) for _ in range(2)]
     try:
-        assert all(len(r.read_counter(Names.STATS)) == 8 for r in readers)
+        assert all(len(r.read_counter(Names.STATS)) == STATS_SIZE for r in readers)
     finally:
         for reader in readers:
             reader.close()

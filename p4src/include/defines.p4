@@ -8,6 +8,8 @@
 #define VALUES_PER_PACKET 64
 #define POOL_SLOTS 4096
 #define POOL_COPIES 8192          // two copies (version 0 and 1) of every slot
+#define JOB_IDS 4096              // job ids 0..4095: one generation register each
+#define GENERATION_HALF 0x8000    // a generation up to this far ahead (mod 2^16) is newer
 #define MAX_WORKERS 32
 
 // Lengths the switch writes into the packets it generates.
@@ -25,6 +27,7 @@
 #define TYPE_BROADCAST 4
 #define TYPE_RESET 5
 #define TYPE_ACK 6
+#define TYPE_GENERATION 7         // host: which generation is the job at? switch: this one
 
 // job_config result_mode
 #define MODE_MULTICAST 0
@@ -38,8 +41,10 @@
 #define STAT_BROADCAST 4
 #define STAT_RESET 5
 #define STAT_FORWARDED 6
+#define STAT_GENERATION 7         // a generation query answered
+#define STAT_OLD_CALL 8           // a contribution of an older call: not added, answered
 #define STAT_NONE 255
-#define STATS_SIZE 8
+#define STATS_SIZE 16
 
 // drops counter indices
 #define DROP_SHORT_PACKET 0

@@ -49,7 +49,7 @@ header bml_t {
     bit<16> slot;       // index into the job's pool
     bit<8>  exponent;   // biased max exponent (0 = none)
     bit<8>  count;      // valid values, <= VALUES_PER_PACKET
-    bit<16> reserved;
+    bit<16> generation; // the call's generation: see docs/PROTOCOL.md
     bit<32> offset;     // chunk offset in elements
 }
 

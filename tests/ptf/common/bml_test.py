@@ -184,25 +184,28 @@ _ip_ids = itertools.count(1)
 def contribution(port: int, job: int, worker: int, values, slot: int = 0, version: int = 0,
                  exponent: int = EXPONENT_NONE, offset: int = 0, owner: int = 0,
                  ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
-                 ip_id: int | None = None):
+                 ip_id: int | None = None, generation: int = 0):
     """What a worker on ``port`` sends to the switch."""
     return (Ether(dst=SWITCH_MAC, src=host_mac(port))
             / IP(src=host_ip(port), dst=SWITCH_IP, id=next(_ip_ids) if ip_id is None else ip_id,
                  ttl=64)
             / UDP(sport=job_udp_port(job), dport=BML_UDP_PORT, chksum=0)
             / BML(type=ptype, version=version, job_id=job, worker_id=worker, owner_id=owner,
-                  slot=slot, exponent=exponent, count=count, offset=offset)
+                  slot=slot, exponent=exponent, count=count, generation=generation,
+                  offset=offset)
             / values_layers(list(values)))
 
 
-def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | None = None):
+def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | None = None,
+                generation: int | None = None):
     """What the switch sends to the host on ``port`` in answer to ``trigger``: the trigger's
     IPv4 identification and BML fields, the switch's addresses, the given type and values
-    (``None`` for a header-only ACK)."""
+    (``None`` for a header-only ACK or GENERATION answer)."""
     bml = trigger[BML]
     header = BML(type=ptype, version=bml.version, job_id=bml.job_id, worker_id=bml.worker_id,
                  owner_id=bml.owner_id, slot=bml.slot,
                  exponent=bml.exponent if exponent is None else exponent, count=bml.count,
+                 generation=bml.generation if generation is None else generation,
                  offset=bml.offset)
     # The switch writes fixed lengths (a trailer after the values travels along uncounted).
     udp_len = 8 + (PAYLOAD_BYTES if values is not None else HEADER_BYTES)
