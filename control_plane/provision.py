@@ -18,23 +18,26 @@ from control_plane.result_routing import group_ports, owner_entries
 from control_plane.session import SwitchSession
 
 
-def provision_switch(session: SwitchSession, topology: Topology, switch: Switch) -> None:
-    """Pipeline, forwarding and host addresses: everything that does not depend on jobs."""
+def provision_switch(session: SwitchSession, topology: Topology, switch: Switch,
+                     replace: bool = False) -> None:
+    """Pipeline (not pushed again if it runs), forwarding and host addresses: everything that
+    does not depend on jobs. ``replace``: entries the switch already holds are overwritten
+    instead of refused (re-provisioning after an interrupted attempt)."""
     session.push_pipeline()
-    session.write_entries(forwarding_entries(topology, switch))
-    session.write_entries(host_address_entries(topology, switch))
+    session.write_entries(forwarding_entries(topology, switch), replace=replace)
+    session.write_entries(host_address_entries(topology, switch), replace=replace)
 
 
 def install_group(session: SwitchSession, switch: Switch, group: AggregationGroup,
-                  timeout: float = 10.0) -> None:
+                  timeout: float = 10.0, replace: bool = False) -> None:
     """Entries, multicast group, then a data-plane reset of the group's slots.
 
     The reset is confirmed through the RESET counter, so a job never starts on slots that
-    still hold another job's partial sums.
+    still hold another job's partial sums. ``replace`` as in ``provision_switch``.
     """
-    session.write_entries(admission_entries(group))
-    session.write_entries(owner_entries(group))
-    session.set_multicast_group(group.mcast_group, group_ports(group))
+    session.write_entries(admission_entries(group), replace=replace)
+    session.write_entries(owner_entries(group), replace=replace)
+    session.set_multicast_group(group.mcast_group, group_ports(group), replace=replace)
     reset_slots(session, switch, group, timeout)
 
 

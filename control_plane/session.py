@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
+from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.p4runtime import (
     P4RuntimeClient,
@@ -177,8 +178,13 @@ class SwitchSession:
             message.action.action.params.add(param_id=param_id, value=encode(value, width))
         return message
 
-    def write_entries(self, items: Iterable[Entry], kind: str = "INSERT") -> None:
-        """Write entries in one batch; a refusal names the switch and the refused entry."""
+    def write_entries(self, items: Iterable[Entry], kind: str = "INSERT",
+                      replace: bool = False) -> None:
+        """Write entries in one batch; a refusal names the switch and the refused entry.
+
+        ``replace``: INSERT, and MODIFY those the switch already holds (ALREADY_EXISTS), so
+        writing what a switch should hold is idempotent (a re-provisioning that an earlier,
+        interrupted one began)."""
         items = list(items)
         if not items:
             return
@@ -187,23 +193,35 @@ class SwitchSession:
         for item in items:
             update = request.updates.add(type=update_type)
             update.entity.table_entry.CopyFrom(self.table_entry(item))
-        self._write(request, [item.describe() for item in items])
+        existing = self._write(request, [item.describe() for item in items], replace)
+        if existing:
+            self.write_entries([items[i] for i in existing], "MODIFY")
 
     def set_multicast_group(self, group_id: int, ports: Iterable[int],
-                            kind: str = "INSERT") -> None:
+                            kind: str = "INSERT", replace: bool = False) -> None:
+        """``replace``: INSERT, or MODIFY if the switch already has the group."""
+        ports = sorted(ports)
         request = p4runtime_pb2.WriteRequest()
         update = request.updates.add(type=p4runtime_pb2.Update.Type.Value(kind))
         group = update.entity.packet_replication_engine_entry.multicast_group_entry
         group.multicast_group_id = group_id
-        for instance, port in enumerate(sorted(ports)):
+        for instance, port in enumerate(ports):
             group.replicas.add(egress_port=port, instance=instance)
-        self._write(request, [f"multicast group {group_id} -> ports {sorted(ports)}"])
+        if self._write(request, [f"multicast group {group_id} -> ports {ports}"], replace):
+            self.set_multicast_group(group_id, ports, "MODIFY")
 
-    def _write(self, request: p4runtime_pb2.WriteRequest, descriptions: list[str]) -> None:
+    def _write(self, request: p4runtime_pb2.WriteRequest, descriptions: list[str],
+               tolerate_existing: bool = False) -> list[int]:
+        """Send one write. With ``tolerate_existing``, updates refused only because the
+        entity exists are not an error: their indices are returned (the others were done)."""
         with self.lock:
             try:
                 self.client.write(request)
             except P4RuntimeWriteException as exc:
+                existing = [index for index, p4_error in exc.errors
+                            if p4_error.canonical_code == code_pb2.ALREADY_EXISTS]
+                if tolerate_existing and len(existing) == len(exc.errors):
+                    return existing
                 lines = [f"  {descriptions[index]}: {p4_error.message or p4_error.canonical_code}"
                          for index, p4_error in exc.errors]
                 raise SwitchError(f"switch {self.name} refused {len(lines)} of "
@@ -211,6 +229,7 @@ class SwitchSession:
             except grpc.RpcError as exc:
                 raise SwitchError(f"switch {self.name}: write failed ({exc.code().name}: "
                                   f"{exc.details()}) for {descriptions[0]}") from None
+        return []
 
     def read_table(self, table: str) -> list[p4runtime_pb2.TableEntry]:
         entity = p4runtime_pb2.Entity()
