@@ -50,6 +50,13 @@ def run_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | 
                extra: list[str] | None = None, timeout: float = 120.0) -> list[PushResult]:
     """Start every push at once, wait for all (bounded by ``timeout`` in all: a push still
     running then is killed and reported as failed)."""
+    return wait_pushes(start_pushes(state, job, pushes, workdir, world, extra), timeout)
+
+
+def start_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | None = None,
+                 extra: list[str] | None = None) -> list[tuple[Path, subprocess.Popen]]:
+    """Start every push at once: (output file, process) of each, for ``wait_pushes`` (a fault
+    test may stop or kill some of the processes, by their PIDs, in between)."""
     processes = []
     for push in pushes:
         nics = push.interface or "all"
@@ -68,6 +75,13 @@ def run_pushes(state, job: int, pushes: list[Push], workdir: Path, world: int | 
         processes.append((output, subprocess.Popen(command, stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, text=True,
                                                    cwd=REPO_ROOT)))
+    return processes
+
+
+def wait_pushes(processes: list[tuple[Path, subprocess.Popen]],
+                timeout: float = 120.0) -> list[PushResult]:
+    """Wait for pushes ``start_pushes`` started (a push still running after ``timeout`` in all
+    is killed and reported as failed)."""
     results = []
     deadline = time.monotonic() + timeout
     for output, process in processes:

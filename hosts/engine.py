@@ -5,7 +5,9 @@ per NIC (to the switches) and the TCP mesh to the BCube neighbours (``hosts/mesh
 
 1. **Exponents.** Every block's max exponent over all N servers, by a max-exchange with the
    neighbours of each dimension in turn (k rounds); it also checks that every worker has the
-   same gradient length and runs the same schedule, and it is the call's barrier. Every worker
+   same gradient length and runs the same schedule, agrees the call's generation (newer than
+   anything an aborted call left in the switches, docs/PROTOCOL.md), and it is the call's
+   barrier. Every worker
    then quantises with that global exponent for N contributions, so every partial sum, at any
    level, is an exact int32 that cannot overflow (``hosts/quantize.py``): relays forward
    integers and the error bound is the single switch's for N workers.
@@ -40,12 +42,14 @@ import numpy as np
 from bml.protocol import (
     BML_UDP_PORT,
     EXPONENT_NONE,
+    GENERATIONS,
     HEADER_BYTES,
     HEADER_STRUCT,
     PAYLOAD_BYTES,
     VALUES_PER_PACKET,
     PacketType,
     job_udp_port,
+    newer_generation,
 )
 from bml.schedule import (
     MESSAGE_BLOCKS,
@@ -66,6 +70,7 @@ from hosts.sockets import force_buffers
 from hosts.transport import PRIMING_OFFSET, LengthMismatch, Rto, TransportError
 
 _BE = np.dtype(">i4")
+
 _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
@@ -179,20 +184,21 @@ class SwitchChannel:
             owner = self.owners[seq] if self.owners is not None else 0
             frame = HEADER_STRUCT.pack(
                 PacketType.DATA, use & 1, self.job, self.me, owner, slot,
-                int(call.exponents[block]), call.valid_count(block), call.tag,
+                int(call.exponents[block]), call.valid_count(block), call.generation,
                 block * VALUES_PER_PACKET) + call.acc[block].astype(_BE).tobytes()
         else:  # flush: every slot ends on an even number of uses
             frame = HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
-                                       EXPONENT_NONE, 0, call.tag, PRIMING_OFFSET) + _ZEROS
+                                       EXPONENT_NONE, 0, call.generation,
+                                       PRIMING_OFFSET) + _ZEROS
         self.frames[slot] = frame
         self.first_sent[slot] = self.last_sent[slot] = now
         self.retries[slot] = 0
         self.nic.send(frame)
         call.stats.frames_sent += 1
 
-    def on_result(self, ptype: int, version: int, slot: int, offset: int, tag: int,
+    def on_result(self, ptype: int, version: int, slot: int, offset: int, generation: int,
                   buffer: bytearray, size: int) -> None:
-        if slot >= self.window or self.frames[slot] is None or tag != self.call.tag:
+        if slot >= self.window or self.frames[slot] is None or generation != self.call.generation:
             return
         use = self.next_use[slot]
         if version != use & 1:
@@ -250,6 +256,9 @@ class Engine:
         self.job, self.server, self.topology, self.schedule = job, server, topology, schedule
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.calls = 0
+        # The last call's generation if it ended well; None: ask the switches (a fresh worker,
+        # or one whose last call failed and may have left state behind).
+        self.generation: int | None = None
         # Per NIC, learnt across calls. Backing off is per slot (SwitchChannel.overdue), never
         # per NIC: with a window of slots in flight, one NIC-wide doubling per lost frame would
         # reach the cap within a few losses and stall every slot, and every repair, for seconds.
@@ -290,10 +299,60 @@ class Engine:
         """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats."""
         self.calls += 1
         call = _Call(self, np.ascontiguousarray(values, dtype=np.float32).ravel(), progress)
+        generation, self.generation = self.generation, None
         try:
-            return call.run()
-        except MeshError as exc:
+            result = call.run(generation)
+        except (MeshError, TransportError) as exc:
+            self.mesh.abort(call.tag, str(exc))  # relayed, so every worker names the cause
             raise TransportError(str(exc)) from None
+        self.generation = call.generation
+        return result
+
+    def switch_jobs(self) -> list[tuple[int, int]]:
+        """(level, stripe) of every switch job the schedule aggregates in."""
+        return sorted({(s.dim, p) for p, steps in enumerate(self.schedule.stripes)
+                       for s in steps if s.op is not Op.AG and s.switch_share > 0})
+
+    def ask_generation(self) -> int:
+        """The newest generation any of this worker's switch jobs is at (0 if it uses none):
+        a GENERATION question to each, asked again until answered within ``start_timeout``."""
+        me = self.topology.digits(self.server)
+        waiting = {(level, stripe_job_id(self.job, p)) for level, p in self.switch_jobs()}
+        newest = 0
+        deadline = time.monotonic() + self.start_timeout
+        buffer = bytearray(PAYLOAD_BYTES + 64)
+        next_ask = 0.0
+        while waiting:
+            now = time.monotonic()
+            if now > deadline:
+                level, job = min(waiting)
+                raise TransportError(
+                    f"job {self.job} server {self.server}: switch {self.links[level].switch_ip}"
+                    f" (level {level}) did not answer for switch job {job} within "
+                    f"{self.start_timeout:g} s: is the switch up, and is job {self.job} set up "
+                    "on it (bml-ctl job-add --servers all)?")
+            if now >= next_ask:
+                for level, job in waiting:
+                    self.links[level].send(HEADER_STRUCT.pack(
+                        PacketType.GENERATION, 0, job, me[level], 0, 0, EXPONENT_NONE, 0, 0, 0)
+                        + _ZEROS)
+                next_ask = now + 0.2
+            select.select([link.sock for link in self.links], [], [], 0.05)
+            for link in self.links:
+                link.drain()
+                while True:
+                    try:
+                        size = link.sock.recv_into(buffer)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if size < HEADER_BYTES:
+                        continue
+                    ptype, _v, job, *_rest, generation, _o = HEADER_STRUCT.unpack_from(buffer)
+                    if ptype == PacketType.GENERATION and (link.level, job) in waiting:
+                        waiting.discard((link.level, job))
+                        if newer_generation(generation, newest):
+                            newest = generation
+        return newest
 
 
 class _Call:
@@ -306,7 +365,8 @@ class _Call:
         self.schedule = engine.schedule
         self.flat = flat
         self.progress = progress
-        self.tag = engine.calls & 0xFF  # in every frame and message of this call
+        self.tag = engine.calls & 0xFF  # in every message of this call on the mesh
+        self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
         self.length = flat.size
         self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
         self.stats = EngineStats()
@@ -338,11 +398,15 @@ class _Call:
         return depth
 
     # --- the call -----------------------------------------------------------------------
-    def run(self) -> tuple[np.ndarray, EngineStats]:
+    def run(self, last_generation: int | None) -> tuple[np.ndarray, EngineStats]:
+        """The call; ``last_generation``: this worker's last call's, if it ended well."""
         started = time.monotonic()
+        if last_generation is None:
+            last_generation = self.engine.ask_generation()
         padded = np.zeros((self.blocks, VALUES_PER_PACKET), dtype=np.float32)
         padded.reshape(-1)[:self.length] = self.flat
-        self.exponents = self._exchange_exponents(block_exponents(padded))
+        self.exponents = self._exchange_exponents(block_exponents(padded),
+                                                  (last_generation + 1) % GENERATIONS)
         self.stats.exponent_seconds = time.monotonic() - started
         n_total = self.topology.num_servers
         scale = shift(self.exponents, n_total)
@@ -354,9 +418,10 @@ class _Call:
         result = dequantize(self.acc, self.exponents, n_total).reshape(-1)[:self.length]
         return result, self.stats
 
-    def _exchange_exponents(self, own: np.ndarray) -> np.ndarray:
+    def _exchange_exponents(self, own: np.ndarray, generation: int) -> np.ndarray:
         """Max over all N servers, one dimension at a time; also the lengths and schedules
-        every worker has, so that any difference is refused by every worker alike."""
+        every worker has, so that any difference is refused by every worker alike, and the
+        newest of the generations they propose: the call's (``self.generation``)."""
         exponents = own.astype(np.uint8)
         lengths = [self.length, self.length]
         codes = {self.schedule.code}
@@ -365,7 +430,8 @@ class _Call:
             peer.done = False
         for dim in range(self.topology.k):
             peers = self.engine.mesh.neighbours(dim)
-            head = json.dumps({"lengths": lengths, "codes": sorted(codes)}).encode()
+            head = json.dumps({"lengths": lengths, "codes": sorted(codes),
+                               "generation": generation}).encode()
             for peer in peers:
                 peer.send(Kind.EXPONENTS, self.tag, 0, dim, len(head), exponents.size,
                           head + exponents.tobytes())
@@ -377,6 +443,8 @@ class _Call:
                     if peer.server in got:
                         continue
                     for kind, _s, step, start, count, payload in peer.messages(self.tag):
+                        if kind == Kind.ABORT:
+                            self._aborted(peer, payload)
                         if kind != Kind.EXPONENTS or step != dim:
                             raise TransportError(f"server {peer.server} sent {Kind(kind).name}"
                                                  " during the exponent exchange: it runs "
@@ -389,6 +457,8 @@ class _Call:
                 lengths = [min(lengths[0], info["lengths"][0]),
                            max(lengths[1], info["lengths"][1])]
                 codes |= set(info["codes"])
+                if newer_generation(info["generation"], generation):
+                    generation = info["generation"]
                 if their.size == exponents.size:
                     exponents = np.maximum(exponents, their)
         if lengths[0] != lengths[1]:
@@ -400,6 +470,7 @@ class _Call:
             raise TransportError(f"job {self.engine.job}: the workers run different schedules "
                                  f"({', '.join(sorted(codes))}); give all of them the same "
                                  "--schedule")
+        self.generation = generation
         return exponents.astype(np.int64)
 
     def _wait(self, peers: list[Peer], deadline: float, what: str, missing: list[int]) -> None:
@@ -548,7 +619,7 @@ class _Call:
     def _broadcast(self, p: int, j: int, dim: int, block: int) -> None:
         self.engine.links[dim].send(HEADER_STRUCT.pack(
             PacketType.BROADCAST, 0, stripe_job_id(self.engine.job, p), self.me[dim], 0, 0,
-            int(self.exponents[block]), self.valid_count(block), self.tag,
+            int(self.exponents[block]), self.valid_count(block), self.generation,
             block * VALUES_PER_PACKET) + self.acc[block].astype(_BE).tobytes())
         self.stats.frames_sent += 1
         self.stats.broadcasts += 1
@@ -577,14 +648,22 @@ class _Call:
     def _on_frame(self, level: int, buffer: bytearray, size: int) -> None:
         if size < HEADER_BYTES:
             return
-        (ptype, version, job, _worker, _owner, slot, _exp, _count, tag, offset) = \
+        (ptype, version, job, _worker, _owner, slot, _exp, _count, generation, offset) = \
             HEADER_STRUCT.unpack_from(buffer)
         p, rest = divmod(job - self.engine.job, STRIPE_JOB_STRIDE)
         if rest or not 0 <= p < self.topology.k:
             return
-        if ptype == PacketType.BROADCAST:
+        if ptype == PacketType.GENERATION:
+            if newer_generation(generation, self.generation):
+                raise TransportError(
+                    f"job {self.engine.job} server {self.engine.server}: switch "
+                    f"{self.engine.links[level].switch_ip} (level {level}) has stripe {p}'s job "
+                    f"at generation {generation}, newer than this call's {self.generation}: "
+                    "another run of this job started there, so this call is abandoned")
+        elif ptype == PacketType.BROADCAST:
             block = offset // VALUES_PER_PACKET
-            if (tag == self.tag and size >= PAYLOAD_BYTES and offset % VALUES_PER_PACKET == 0
+            if (generation == self.generation and size >= PAYLOAD_BYTES
+                    and offset % VALUES_PER_PACKET == 0
                     and self.layout.stripe(p)[0] <= block < self.layout.stripe(p)[1]
                     and level in self.rs_dims[p]):
                 values = np.frombuffer(buffer, dtype=_BE, count=VALUES_PER_PACKET,
@@ -593,7 +672,7 @@ class _Call:
         elif ptype in _RESULTS:
             channel = self.channels.get((p, level))
             if channel is not None:
-                channel.on_result(ptype, version, slot, offset, tag, buffer, size)
+                channel.on_result(ptype, version, slot, offset, generation, buffer, size)
 
     def _on_message(self, peer: Peer, kind: int, p: int, j: int, start: int, count: int,
                     payload: memoryview) -> None:
@@ -613,6 +692,8 @@ class _Call:
                     self._finalise(p, block, values[i])
         elif kind == Kind.SENT:
             self.repairs[(p, j, peer.server)] = time.monotonic() + self._grace()
+        elif kind == Kind.ABORT:
+            self._aborted(peer, payload)
         elif kind == Kind.NEED:
             wanted = np.frombuffer(payload, dtype=">u4").reshape(-1, 2)
             for first, last in wanted:
@@ -741,6 +822,11 @@ class _Call:
                 next_scan = now + min(rto.value for rto in self.rto) / 2
         if self.progress is not None:
             self.progress(self.blocks, self.blocks)
+
+    def _aborted(self, peer: Peer, payload: memoryview) -> None:
+        raise TransportError(
+            f"job {self.engine.job} server {self.engine.server}: server {peer.server} (level "
+            f"{peer.dim}) gave up on the call: {bytes(payload).decode(errors='replace')}")
 
     def _check_open(self, peer: Peer) -> None:
         if peer.closed and not peer.done:

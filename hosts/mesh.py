@@ -45,6 +45,7 @@ class Kind(enum.IntEnum):
     SENT = 5  # I have broadcast all my blocks of (stripe, step) through the switch
     NEED = 6  # please re-send these reduced blocks (broadcast copies were lost)
     DONE = 7  # I have the whole result: I need nothing more from you this call
+    ABORT = 8  # I give up on this call; payload: why (UTF-8), so you can name the cause
 
 
 @dataclass
@@ -129,6 +130,25 @@ class Mesh:
 
     def all(self) -> list[Peer]:
         return list(self.peers.values())
+
+    def abort(self, call: int, reason: str, linger: float = 0.3) -> None:
+        """Tell every neighbour still connected why this worker gives up on ``call``, so that
+        each names the cause rather than this worker's leaving (best effort, bounded)."""
+        payload = reason.encode()[:2000]
+        peers = [peer for peer in self.peers.values() if not peer.closed]
+        for peer in peers:
+            try:
+                peer.send(Kind.ABORT, call, payload=payload)
+            except OSError:
+                continue
+        deadline = time.monotonic() + linger
+        while time.monotonic() < deadline and any(peer.outbox for peer in peers):
+            time.sleep(0.01)
+            for peer in peers:
+                try:
+                    peer.flush()
+                except OSError:
+                    peer.outbox.clear()
 
     def close(self, linger: float = 2.0) -> None:
         """Half-close every connection and read until the neighbours close theirs (bounded by

@@ -11,6 +11,13 @@ differ across workers are refused instead of mis-summed. Every call leaves every
 even number of uses (a zero "flush" use is added where needed), so the next call, in this
 process or another one, starts on copy 0, whose bitmap is then empty.
 
+Generations (docs/PROTOCOL.md): every frame of a call carries its generation, one newer than
+the last call's, or, for a fresh worker or after a failed call, one newer than the switch
+says the job is at (a GENERATION question first), so whatever an aborted call left in the
+slots is abandoned. If a co-worker started with a newer one, the switch answers this worker's
+older frames with it: before the first answer this worker takes it over and re-sends its
+priming; later it means another run of the job took over, and the call fails.
+
 Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, doubling per
 retry of the slot, and for every slot after any timer fired until a clean sample arrives). A
 re-sent contribution is idempotent at the switch, which answers it with the stored result once
@@ -34,6 +41,7 @@ import numpy as np
 from bml.protocol import (
     BML_UDP_PORT,
     EXPONENT_NONE,
+    GENERATIONS,
     HEADER_BYTES,
     HEADER_STRUCT,
     PAYLOAD_BYTES,
@@ -41,6 +49,7 @@ from bml.protocol import (
     VALUES_PER_PACKET,
     PacketType,
     job_udp_port,
+    newer_generation,
 )
 from hosts.quantize import block_exponents, dequantize, quantize_to_wire
 from hosts.sockets import force_buffers
@@ -134,6 +143,7 @@ class AggregationTransport:
                                      f"{job_id}: {exc}") from None
         sock.setblocking(False)
         self.sock = sock
+        self.generation: int | None = None  # the last call's, if it ended well
 
     def close(self) -> None:
         self.sock.close()
@@ -151,9 +161,46 @@ class AggregationTransport:
     def _sample(self, rtt: float) -> None:
         self.timer.sample(rtt)
 
+    def ask_generation(self) -> int:
+        """The job's generation at the switch: a GENERATION question, asked again until it is
+        answered within ``start_timeout``."""
+        question = HEADER_STRUCT.pack(PacketType.GENERATION, 0, self.job_id, self.worker_id, 0,
+                                      0, EXPONENT_NONE, 0, 0, 0) + _ZERO_VALUES
+        buffer = bytearray(PAYLOAD_BYTES + 64)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            self.sock.sendto(question, self.switch)
+            asked = time.monotonic()
+            while time.monotonic() - asked < 0.2:
+                select.select([self.sock], [], [], 0.05)
+                while True:
+                    try:
+                        size = self.sock.recv_into(buffer)
+                    except BlockingIOError:
+                        break
+                    if size < HEADER_BYTES:
+                        continue
+                    ptype, _v, job, *_rest, generation, _o = HEADER_STRUCT.unpack_from(buffer)
+                    if ptype == PacketType.GENERATION and job == self.job_id:
+                        return generation
+        raise TransportError(
+            f"job {self.job_id} worker {self.worker_id}: switch {self.switch[0]} did not answer "
+            f"within {self.start_timeout:g} s: is the switch up, and is job {self.job_id} set up "
+            f"on it with worker {self.worker_id} on this port (bml-ctl job-add)?")
+
     def allreduce(self, values: np.ndarray,
                   progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, Stats]:
         """Sum of ``values`` (flat float32) over the job's workers, and this call's stats."""
+        last, self.generation = self.generation, None
+        if last is None:
+            last = self.ask_generation()
+        generation = (last + 1) % GENERATIONS
+        result, stats, generation = self._allreduce(values, progress, generation)
+        self.generation = generation
+        return result, stats
+
+    def _allreduce(self, values: np.ndarray, progress: Callable[[int, int], None] | None,
+                   generation: int) -> tuple[np.ndarray, Stats, int]:
         flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
         length = flat.size
         chunks = max(1, -(-length // VALUES_PER_PACKET))
@@ -206,8 +253,8 @@ class AggregationTransport:
                     lanes = struct.pack(f"!{VALUES_PER_PACKET}i",
                                         *_length_lanes(length), *[0] * (VALUES_PER_PACKET - 8))
                 in_flight[slot] = -1
-                frame = header(PacketType.DATA, version, job, me, 0, slot, announce(slot), 0, 0,
-                               PRIMING_OFFSET) + lanes
+                frame = header(PacketType.DATA, version, job, me, 0, slot, announce(slot), 0,
+                               generation, PRIMING_OFFSET) + lanes
             else:
                 chunk = slot + (use - 1) * window
                 if chunk < chunks:
@@ -222,12 +269,12 @@ class AggregationTransport:
                     in_flight[slot] = chunk
                     count = min(VALUES_PER_PACKET, length - chunk * VALUES_PER_PACKET)
                     frame = header(PacketType.DATA, version, job, me, 0, slot,
-                                   announce(chunk + window), max(count, 0), 0,
+                                   announce(chunk + window), max(count, 0), generation,
                                    chunk * VALUES_PER_PACKET) + q
                 else:
                     in_flight[slot] = -2
                     frame = header(PacketType.DATA, version, job, me, 0, slot, EXPONENT_NONE,
-                                   0, 0, PRIMING_OFFSET) + _ZERO_VALUES
+                                   0, generation, PRIMING_OFFSET) + _ZERO_VALUES
             send(slot, frame, now)
 
         now = time.monotonic()
@@ -252,9 +299,23 @@ class AggregationTransport:
                     break
                 if size < HEADER_BYTES:
                     continue
-                (ptype, version, rjob, _w, _o, slot, exponent, _c, _r, offset) = \
+                (ptype, version, rjob, _w, _o, slot, exponent, _c, rgen, offset) = \
                     HEADER_STRUCT.unpack_from(buffer)
-                if (rjob != job or ptype not in _RESULT_TYPES or slot >= window
+                if (ptype == PacketType.GENERATION and rjob == job
+                        and newer_generation(rgen, generation)):
+                    if stats.results:
+                        raise TransportError(
+                            f"job {job} worker {me}: switch {switch[0]} has the job at "
+                            f"generation {rgen}, newer than this call's {generation}: another "
+                            "run of this job started there, so this call is abandoned")
+                    # A co-worker started with a newer generation: take it over, prime again.
+                    generation = rgen
+                    now = time.monotonic()
+                    for slot in range(window):
+                        launch(slot, now)
+                    continue
+                if (rjob != job or ptype not in _RESULT_TYPES or rgen != generation
+                        or slot >= window
                         or frames[slot] is None or version != uses[slot] & 1):
                     stats.duplicates_ignored += 1
                     continue
@@ -312,7 +373,7 @@ class AggregationTransport:
             progress(chunks, chunks)
         stats.seconds = time.monotonic() - started
         result = dequantize(sums, max_exponents, n).reshape(-1)[:length]
-        return result, stats
+        return result, stats, generation
 
     def _check_length(self, buffer: bytearray, length: int) -> None:
         lanes = struct.unpack_from("!8i", buffer, HEADER_BYTES)

@@ -156,7 +156,7 @@ def test_wrong_job_fails_fast_with_a_hint(star8, tmp_path):
     assert time.monotonic() - started < 15
     for result in results:
         assert result.returncode == 2
-        assert "Is job 999 set up on the switch" in result.stderr
+        assert "is job 999 set up on it" in result.stderr
         assert not result.output.exists()
     counters = subprocess.run([sys.executable, "-m", "control_plane.cli", "--fabric",
                                str(state.run_dir / "fabric.json"), "counters"],

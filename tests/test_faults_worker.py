@@ -1,0 +1,138 @@
+"""A worker fails mid-push: every survivor stops with an error that names what is missing, and
+the job is usable at once by fresh workers, with no operator action (docs/PROTOCOL.md,
+"Generations"). Each test ends by pushing again and checking every sum."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from bml.protocol import Stat
+from control_plane.fabric import Fabric
+from control_plane.p4info import Names
+from control_plane.session import SwitchSession
+from emulation.workers import Push, PushResult, check_sum, run_pushes, start_pushes, wait_pushes
+from tests.conftest import NETNS_REASON, emulation
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")]
+
+ALL_NICS, ONE_NIC = 31, 32  # the star's two jobs: every NIC (the engine), --interface eth0
+
+
+@pytest.fixture(scope="module")
+def star4():
+    with emulation("tflt", "star:4") as state:
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        fabric.add_scheduled_job(ALL_NICS, "in-network")
+        fabric.add_job(ONE_NIC, [0, 1, 2, 3])
+        yield state
+
+
+def gradients(count: int, size: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
+
+
+def pushes(grads: list[np.ndarray], interface: str | None) -> list[Push]:
+    return [Push(server, server, grad, interface) for server, grad in enumerate(grads)]
+
+
+def assert_correct(results: list[PushResult], grads: list[np.ndarray]) -> None:
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        error, bound, ok = check_sum(np.load(result.output), grads)
+        assert ok, f"error {error} beyond bound {bound}"
+
+
+def aggregated(state) -> int:
+    """Contributions the emulation's switches have added so far (read over P4Runtime)."""
+    total = 0
+    for name, (address, device_id) in Fabric.load(state.run_dir / "fabric.json") \
+            .addresses().items():
+        session = SwitchSession(name, address, device_id, stream=False)
+        try:
+            total += session.read_counter(Names.STATS)[Stat.AGGREGATED]
+        finally:
+            session.close()
+    return total
+
+
+def wait_for_progress(state, contributions: int, timeout: float = 60.0) -> None:
+    """Until the switches have added ``contributions`` more (the push is under way)."""
+    start = aggregated(state)
+    deadline = time.monotonic() + timeout
+    while aggregated(state) - start < contributions:
+        assert time.monotonic() < deadline, "the push made no progress"
+        time.sleep(0.1)
+
+
+def kill_mid_push(state, job: int, interface: str | None, tmp_path, victim: int,
+                  stop: bool = False, extra: list[str] | None = None) -> list[PushResult]:
+    """Four pushes of a large gradient; ``victim`` is killed (or frozen, ``stop``) once the
+    others have made progress. The victim's own result is left out."""
+    grads = gradients(4, 1 << 20, 7)
+    running = start_pushes(state, job, pushes(grads, interface), tmp_path, 4, extra)
+    wait_for_progress(state, 4000)  # well into the push: about a quarter of it
+    process = running[victim][1]
+    assert process.poll() is None, "the push ended before the fault: make it longer"
+    os.kill(process.pid, signal.SIGSTOP if stop else signal.SIGKILL)
+    try:
+        results = wait_pushes([r for i, r in enumerate(running) if i != victim], 60)
+    finally:
+        if stop:
+            os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
+    return results
+
+
+@pytest.mark.parametrize("interface", [None, "eth0"], ids=["all-nics", "one-nic"])
+def test_killed_worker_stops_the_others_and_the_job_works_again(star4, tmp_path, interface):
+    job = ALL_NICS if interface is None else ONE_NIC
+    started = time.monotonic()
+    results = kill_mid_push(star4, job, interface, tmp_path, victim=2,
+                            extra=["--timeout", "6"])
+    waited = time.monotonic() - started
+    for result in results:
+        assert result.returncode == 2, result.stdout
+        if interface is None:  # its neighbours see its connection close, and name it
+            assert "server 2 (level 0) closed its connection mid-call" in result.stderr
+        else:  # one NIC: the switch only; the worker names the chunks and what to check
+            assert "chunks still unanswered" in result.stderr
+            assert "a worker or the switch stopped" in result.stderr
+        assert not result.output.exists()
+    assert waited < 6 + 20  # within the timeout (and start-up), never a hang
+    grads = gradients(4, 100_003, 8)
+    assert_correct(run_pushes(star4, job, pushes(grads, interface), tmp_path, 4), grads)
+
+
+def test_frozen_worker_times_the_others_out_and_the_job_works_again(star4, tmp_path):
+    """A worker that stops answering without closing anything (SIGSTOP): the others give up
+    after their timeout and name it; its slots hold a partial call; fresh workers sum right."""
+    results = kill_mid_push(star4, ALL_NICS, None, tmp_path, victim=1, stop=True,
+                            extra=["--timeout", "5"])
+    assert [r.returncode for r in results] == [2, 2, 2]
+    # The first to time out names the silent server; the others may hear that one leave first.
+    timed_out = [r.stderr for r in results if "still missing after" in r.stderr]
+    assert timed_out and all("no DONE yet from server(s)" in e and "1 (level 0)" in e
+                             for e in timed_out), [r.stderr for r in results]
+    grads = gradients(4, 70_001, 9)
+    assert_correct(run_pushes(star4, ALL_NICS, pushes(grads, None), tmp_path, 4), grads)
+
+
+def test_bcube_killed_worker_and_the_job_works_again(tmp_path):
+    """bcube:2,2, in-network on every NIC of every server: server 3 is killed mid-push."""
+    with emulation("tfltb", "bcube:2,2") as state:
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        fabric.add_scheduled_job(5, "in-network")
+        results = kill_mid_push(state, 5, None, tmp_path, victim=3, extra=["--timeout", "6"])
+        for result in results:
+            assert result.returncode == 2
+        named = [r for r in results if "server 3" in r.stderr]
+        assert named, [r.stderr for r in results]  # its neighbours (1 and 2) name it
+        grads = gradients(4, 100_003, 10)
+        assert_correct(run_pushes(state, 5, pushes(grads, None), tmp_path, 4), grads)
