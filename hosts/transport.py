@@ -379,6 +379,13 @@ class AggregationTransport:
         lanes = struct.unpack_from("!8i", buffer, HEADER_BYTES)
         own = _length_lanes(length)
         n = self.num_workers
+        workers = lanes[0] // length
+        if workers != n and all(total == workers * mine
+                                for total, mine in zip(lanes, own, strict=True)):
+            raise TransportError(
+                f"job {self.job_id}: --world {n}, but the switch sums the contributions of "
+                f"{workers} workers for this job (each with {length} elements): give every "
+                f"worker --world {workers}; nothing was summed")
         if any(total != n * mine for total, mine in zip(lanes, own, strict=True)):
             raise LengthMismatch(
                 f"job {self.job_id}: gradient lengths differ across the {n} workers (this "

@@ -136,3 +136,22 @@ def test_bcube_killed_worker_and_the_job_works_again(tmp_path):
         assert named, [r.stderr for r in results]  # its neighbours (1 and 2) name it
         grads = gradients(4, 100_003, 10)
         assert_correct(run_pushes(state, 5, pushes(grads, None), tmp_path, 4), grads)
+
+
+def test_wrong_world_is_named_and_the_job_works_again(star4, tmp_path):
+    """Every worker of the 4-worker job says --world 5 (one NIC): each is told the switch sums
+    4 workers, at the priming round, instead of a mis-scaled sum or a timeout."""
+    grads = gradients(4, 5000, 11)
+    results = run_pushes(star4, ONE_NIC, pushes(grads, "eth0"), tmp_path, world=5)
+    for result in results:
+        assert result.returncode == 2
+        assert "--world 5, but the switch sums the contributions of 4 workers" in result.stderr
+        assert not result.output.exists()
+    assert_correct(run_pushes(star4, ONE_NIC, pushes(grads, "eth0"), tmp_path, 4), grads)
+
+
+def test_empty_gradient_is_refused_before_anything_is_sent(star4, tmp_path):
+    results = run_pushes(star4, ALL_NICS, [Push(0, 0, np.zeros(0, np.float32), None)],
+                         tmp_path, 4, ["--start-timeout", "2"])
+    assert results[0].returncode == 2
+    assert "gradient is empty: nothing to sum" in results[0].stderr
