@@ -88,6 +88,8 @@ class EngineStats:
 
 RETX_PER_ANSWER = 0.125  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 16.0
+SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
+SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
 
 @dataclass
@@ -109,6 +111,9 @@ class NicLink:
     outbox: deque = field(default_factory=deque)
     budget: float = RETX_BUDGET_CAP
     last_forced: float = 0.0
+    last_heard: float = 0.0  # when a frame from the switch last arrived
+    asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
+    questions: int = 0  # how often since
 
     def answered(self) -> None:
         self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
@@ -650,6 +655,8 @@ class _Call:
             return
         (ptype, version, job, _worker, _owner, slot, _exp, _count, generation, offset) = \
             HEADER_STRUCT.unpack_from(buffer)
+        link = self.engine.links[level]
+        link.last_heard, link.asked = time.monotonic(), 0.0
         p, rest = divmod(job - self.engine.job, STRIPE_JOB_STRIDE)
         if rest or not 0 <= p < self.topology.k:
             return
@@ -719,6 +726,30 @@ class _Call:
                     break
                 channel.resend(slot, now)
 
+    def _watch_switches(self, now: float) -> None:
+        """A switch that owes answers and has sent nothing for ``SWITCH_SILENCE`` is asked
+        whether it is alive (a GENERATION question, which it answers whatever the other
+        workers do); no answer within ``SWITCH_DEADLINE`` more: it is down, and the call fails
+        at once instead of waiting out its timeout."""
+        for link in self.engine.links:
+            owed = [c for (_p, level), c in self.channels.items()
+                    if level == link.level and c.waiting()]
+            if not owed or now - link.last_heard < SWITCH_SILENCE:
+                continue
+            if not link.asked:
+                link.asked, link.questions = now, 0
+            elif now - link.asked > SWITCH_DEADLINE:
+                waiting = "; ".join(f"{c.name}: {c.waiting()} slot(s) waiting" for c in owed)
+                raise TransportError(
+                    f"job {self.engine.job} server {self.engine.server}: switch "
+                    f"{link.switch_ip} (level {link.level}) stopped answering: nothing from it "
+                    f"for {now - link.last_heard:.1f} s, not even to a question whether it is "
+                    f"alive ({waiting}): it is down or cut off")
+            if now - link.asked >= link.questions * SWITCH_DEADLINE / 4:  # four questions
+                link.questions += 1
+                link.send(HEADER_STRUCT.pack(PacketType.GENERATION, 0, owed[0].job, owed[0].me,
+                                             0, 0, EXPONENT_NONE, 0, 0, 0) + _ZEROS)
+
     def _grace(self) -> float:
         return max(0.05, 3 * max(rto.value for rto in self.rto))
 
@@ -771,6 +802,7 @@ class _Call:
         poll = select.poll()
         for link in links:
             poll.register(link.sock, select.POLLIN)
+            link.last_heard, link.asked = time.monotonic(), 0.0
         watched = {}  # peer fd -> the events it is registered for
         while not self._finished():
             now = time.monotonic()
@@ -819,6 +851,7 @@ class _Call:
             if now >= next_scan:
                 self._resend(now)
                 self._repair(now)
+                self._watch_switches(now)
                 next_scan = now + min(rto.value for rto in self.rto) / 2
         if self.progress is not None:
             self.progress(self.blocks, self.blocks)
@@ -832,7 +865,8 @@ class _Call:
         if peer.closed and not peer.done:
             raise TransportError(
                 f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
-                f"(level {peer.dim}) closed its connection mid-call: it stopped "
+                f"(level {peer.dim}) closed its connection mid-call (or its host or link "
+                "went silent): it stopped "
                 f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
 
     def _fail(self, waited: float) -> None:
