@@ -67,7 +67,9 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
         columns = lines[header].split()
         counts = dict(zip(columns[1:], map(int, lines[header + 1].split()[1:]), strict=True))
         assert lines[header + 1].startswith("s0 ")
-        assert counts["aggregated"] == 4 * counts["completed"] > 0
+        # Every completed slot took 4 contributions; a worker that started later than another
+        # may have made it prime again at a newer generation (hosts/transport.py).
+        assert counts["aggregated"] >= 4 * counts["completed"] > 0
     assert not any(name.startswith("tstar-") for name in net.netns.namespaces())
 
 
