@@ -92,7 +92,9 @@ class Fabric:
         with sessions(self.addresses([g.switch for g in plan.groups]),
                       WRITER_ELECTION) as opened:
             for group in plan.groups:
-                install_group(opened[group.switch], self.topo.switch(group.switch), group)
+                # replace: a job-add killed before it saved the fabric left entries behind
+                install_group(opened[group.switch], self.topo.switch(group.switch), group,
+                              replace=True)
         self.jobs[str(job_id)] = plan.to_json()
         self.save()
         return plan
@@ -105,7 +107,9 @@ class Fabric:
         with sessions(self.addresses([g.switch for g in plan.groups]),
                       WRITER_ELECTION) as opened:
             for group in plan.groups:
-                remove_group(opened[group.switch], self.topo.switch(group.switch), group)
+                # missing_ok: a job-remove killed before it saved the fabric deleted some
+                remove_group(opened[group.switch], self.topo.switch(group.switch), group,
+                             missing_ok=True)
         del self.jobs[str(job_id)]
         self.save()
         return plan

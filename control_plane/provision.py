@@ -15,7 +15,7 @@ from control_plane.forwarding import forwarding_entries
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import Names
 from control_plane.result_routing import group_ports, owner_entries
-from control_plane.session import SwitchSession
+from control_plane.session import SwitchSession, encode
 
 
 def provision_switch(session: SwitchSession, topology: Topology, switch: Switch,
@@ -55,12 +55,27 @@ def reset_slots(session: SwitchSession, switch: Switch, group: AggregationGroup,
         time.sleep(0.02)
 
 
-def remove_group(session: SwitchSession, switch: Switch, group: AggregationGroup) -> None:
-    """Reset the slots through the data plane, then delete the job's entries."""
-    reset_slots(session, switch, group)
-    session.set_multicast_group(group.mcast_group, [], kind="DELETE")
-    session.write_entries(owner_entries(group), kind="DELETE")
-    session.write_entries(admission_entries(group)[::-1], kind="DELETE")
+def remove_group(session: SwitchSession, switch: Switch, group: AggregationGroup,
+                 missing_ok: bool = False) -> None:
+    """Reset the slots through the data plane, then delete the job's entries.
+
+    ``missing_ok``: entries already gone (an interrupted earlier removal) are no error; if
+    the job's ``job_config`` entry is gone, no RESET can reach its slots any more (nor can a
+    contribution), and the next job to use them resets them when it is installed."""
+    if not missing_ok or has_job(session, group.job_id):
+        reset_slots(session, switch, group)
+    session.set_multicast_group(group.mcast_group, [], kind="DELETE", missing_ok=missing_ok)
+    session.write_entries(owner_entries(group), kind="DELETE", missing_ok=missing_ok)
+    session.write_entries(admission_entries(group)[::-1], kind="DELETE",
+                          missing_ok=missing_ok)
+
+
+def has_job(session: SwitchSession, job_id: int) -> bool:
+    """Whether the switch holds a ``job_config`` entry for ``job_id``."""
+    field_id, width = session.p4info.table(Names.JOB_CONFIG).match_fields["hdr.bml.job_id"]
+    wanted = encode(job_id, width)
+    return any(m.field_id == field_id and m.exact.value == wanted
+               for e in session.read_table(Names.JOB_CONFIG) for m in e.match)
 
 
 @contextmanager

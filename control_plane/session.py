@@ -15,13 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
-from google.rpc import code_pb2
+from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2
-from p4runtime_sh.p4runtime import (
-    P4RuntimeClient,
-    P4RuntimeException,
-    P4RuntimeWriteException,
-)
+from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException
 
 from bml.protocol import CONTROLLER_MAGIC
 from control_plane.p4info import P4Info, built_device_config, built_p4info
@@ -111,6 +107,35 @@ class _Client(P4RuntimeClient):
                 f"({reply.arbitration.status.message or reply.arbitration.status.code})")
 
 
+def update_errors(exc: grpc.RpcError) -> list[tuple[int, p4runtime_pb2.Error]] | None:
+    """The refused updates of a failed Write, as (index in the batch, error); None if the
+    failure carries no per-update details (the whole call failed)."""
+    if exc.code() != grpc.StatusCode.UNKNOWN:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            break
+    else:
+        return None
+    errors = []
+    for index, detail in enumerate(status.details):
+        error = p4runtime_pb2.Error()
+        if detail.Unpack(error) and error.canonical_code != code_pb2.OK:
+            errors.append((index, error))
+    return errors or None
+
+
+def _tolerated(kind: str, replace: bool, missing_ok: bool) -> int | None:
+    """The refusal an idempotent write may meet: an INSERT's entity exists already, a
+    DELETE's is gone already."""
+    if kind == "INSERT" and replace:
+        return code_pb2.ALREADY_EXISTS
+    if kind == "DELETE" and missing_ok:
+        return code_pb2.NOT_FOUND
+    return None
+
+
 class SwitchSession:
     """A session with one switch: primary (may write) unless ``primary=False`` (a backup
     that keeps a stream, e.g. to notice the switch dying), or ``stream=False``: reads only,
@@ -179,12 +204,13 @@ class SwitchSession:
         return message
 
     def write_entries(self, items: Iterable[Entry], kind: str = "INSERT",
-                      replace: bool = False) -> None:
+                      replace: bool = False, missing_ok: bool = False) -> None:
         """Write entries in one batch; a refusal names the switch and the refused entry.
 
-        ``replace``: INSERT, and MODIFY those the switch already holds (ALREADY_EXISTS), so
-        writing what a switch should hold is idempotent (a re-provisioning that an earlier,
-        interrupted one began)."""
+        Made idempotent, for writing again what an interrupted control plane began: with
+        ``replace`` an INSERT MODIFYs the entries the switch already holds (ALREADY_EXISTS);
+        with ``missing_ok`` a DELETE of entries the switch no longer holds (NOT_FOUND) is
+        no error."""
         items = list(items)
         if not items:
             return
@@ -193,13 +219,15 @@ class SwitchSession:
         for item in items:
             update = request.updates.add(type=update_type)
             update.entity.table_entry.CopyFrom(self.table_entry(item))
-        existing = self._write(request, [item.describe() for item in items], replace)
-        if existing:
+        existing = self._write(request, [item.describe() for item in items],
+                               _tolerated(kind, replace, missing_ok))
+        if existing and kind == "INSERT":
             self.write_entries([items[i] for i in existing], "MODIFY")
 
     def set_multicast_group(self, group_id: int, ports: Iterable[int],
-                            kind: str = "INSERT", replace: bool = False) -> None:
-        """``replace``: INSERT, or MODIFY if the switch already has the group."""
+                            kind: str = "INSERT", replace: bool = False,
+                            missing_ok: bool = False) -> None:
+        """``replace``, ``missing_ok``: as in ``write_entries``."""
         ports = sorted(ports)
         request = p4runtime_pb2.WriteRequest()
         update = request.updates.add(type=p4runtime_pb2.Update.Type.Value(kind))
@@ -207,28 +235,33 @@ class SwitchSession:
         group.multicast_group_id = group_id
         for instance, port in enumerate(ports):
             group.replicas.add(egress_port=port, instance=instance)
-        if self._write(request, [f"multicast group {group_id} -> ports {ports}"], replace):
+        if (self._write(request, [f"multicast group {group_id} -> ports {ports}"],
+                        _tolerated(kind, replace, missing_ok)) and kind == "INSERT"):
             self.set_multicast_group(group_id, ports, "MODIFY")
 
     def _write(self, request: p4runtime_pb2.WriteRequest, descriptions: list[str],
-               tolerate_existing: bool = False) -> list[int]:
-        """Send one write. With ``tolerate_existing``, updates refused only because the
-        entity exists are not an error: their indices are returned (the others were done)."""
+               tolerated: int | None = None) -> list[int]:
+        """Send one write. Updates refused only with the ``tolerated`` code are not an error:
+        their indices are returned (the other updates were done)."""
+        request.device_id = self.device_id
+        request.election_id.high, request.election_id.low = self.client.election_id
         with self.lock:
             try:
-                self.client.write(request)
-            except P4RuntimeWriteException as exc:
-                existing = [index for index, p4_error in exc.errors
-                            if p4_error.canonical_code == code_pb2.ALREADY_EXISTS]
-                if tolerate_existing and len(existing) == len(exc.errors):
-                    return existing
+                # Not P4RuntimeClient.write: its error parser never ends on a batch where
+                # some updates succeeded (it loops on the first OK it meets).
+                self.client.stub.Write(request, timeout=30)
+            except grpc.RpcError as exc:
+                errors = update_errors(exc)
+                if errors is None:
+                    raise SwitchError(f"switch {self.name}: write failed ({exc.code().name}: "
+                                      f"{exc.details()}) for {descriptions[0]}") from None
+                codes = {p4_error.canonical_code for _, p4_error in errors}
+                if tolerated is not None and codes == {tolerated}:
+                    return [index for index, _ in errors]
                 lines = [f"  {descriptions[index]}: {p4_error.message or p4_error.canonical_code}"
-                         for index, p4_error in exc.errors]
+                         for index, p4_error in errors]
                 raise SwitchError(f"switch {self.name} refused {len(lines)} of "
                                   f"{len(descriptions)} writes:\n" + "\n".join(lines)) from None
-            except grpc.RpcError as exc:
-                raise SwitchError(f"switch {self.name}: write failed ({exc.code().name}: "
-                                  f"{exc.details()}) for {descriptions[0]}") from None
         return []
 
     def read_table(self, table: str) -> list[p4runtime_pb2.TableEntry]:
