@@ -17,12 +17,15 @@ import pytest
 from bml.protocol import Stat
 from bml.topology import Topology
 from control_plane import health
+from control_plane.admission import admission_entries
 from control_plane.fabric import Fabric
 from control_plane.fabric import create as create_fabric
+from control_plane.forwarding import forwarding_entries
 from control_plane.health import HealthMonitor
 from control_plane.jobs import plan_job
 from control_plane.p4info import REPO_ROOT, Names
-from control_plane.session import SwitchSession
+from control_plane.provision import install_group, provision_switch
+from control_plane.session import SwitchError, SwitchSession
 from control_plane.status import read_events
 from emulation import net
 from emulation.net import State
@@ -315,4 +318,62 @@ def test_monitor_provisions_a_bare_switch_retries_and_a_restarted_one_changes_no
     finally:
         close(first)
         close(second)
+        server.stop(0)
+
+
+def bounded(call, seconds: float = 20.0):
+    """Run ``call`` in a thread; fail (instead of hanging the suite) if it never returns."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(("ok", call()))
+        except BaseException as exc:
+            outcome.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds} s"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def test_interrupted_control_plane_writes_can_be_done_again(tmp_path):
+    """In process: a job-add or job-remove killed half-way (its writes partly done, the fabric
+    not saved) can simply be run again; batches where some updates succeed and others are
+    refused end (p4runtime-shell's own error parser loops forever on them)."""
+    server, port = serve(in_process_servicer(), "127.0.0.1:0")
+    address = f"127.0.0.1:{port}"
+    topology = Topology.parse("star:4")
+    switch = topology.switch("s0")
+    fabric = create_fabric(tmp_path / "fabric.json", topology, {"s0": (address, 1)})
+    session = SwitchSession("s0", address, 1, (0, 1))  # below the fabric's writer id
+    try:
+        fabric.provision()
+        forwarding = forwarding_entries(topology, switch)
+        session.write_entries(forwarding[:2], "DELETE")
+        with pytest.raises(SwitchError) as refusal:  # 2 refused, 2 done: ends, names the 2
+            bounded(lambda: session.write_entries(forwarding))
+        assert str(refusal.value).startswith("switch s0 refused 2 of 4 writes")
+        session.write_entries(forwarding[:1], "DELETE")
+        bounded(lambda: provision_switch(session, topology, switch, replace=True))
+        assert len(session.read_table(Names.L2_FORWARD)) == len(forwarding)
+
+        group = plan_job(topology, JOB, WORKERS, pool_size=64).groups[0]
+        install_group(session, switch, group)  # a job-add that died before saving the fabric
+        bounded(lambda: fabric.add_job(JOB, WORKERS, pool_size=64))
+        # A job-remove that died after deleting the multicast group and some entries, the
+        # job's job_config among them (its slots can no longer be reset).
+        session.set_multicast_group(group.mcast_group, [], kind="DELETE")
+        session.write_entries(admission_entries(group)[:2], "DELETE")
+        bounded(lambda: fabric.remove_job(JOB))
+        assert session.read_table(Names.JOB_CONFIG) == []
+        assert session.read_table(Names.WORKER_ADMISSION) == []
+        bounded(lambda: fabric.add_job(JOB, WORKERS, pool_size=64))
+        assert len(session.read_table(Names.WORKER_ADMISSION)) == len(WORKERS)
+    finally:
+        session.close()
         server.stop(0)
