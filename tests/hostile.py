@@ -35,10 +35,12 @@ worker's contribution, whatever its slot, version and offset: into an empty copy
 older call left) it starts the copy afresh with its own values and offset. A newer generation
 from there restarts the worker's live call, and a ``BROADCAST`` from there is multicast to the
 job. The generator sends none of these for the job being pushed (the "impersonates the worker"
-case; it is wider than "exactly the worker's next contribution": see the reproducer in the
-report of the run that added this file). Everything else must be harmless, and is what it
-sends, every frame addressed to the switch (its MAC, or an unknown one; frames the switch
-forwards unchanged to a host's MAC are the hosts' business):
+case). That case is wider than "exactly the worker's next contribution": a current-generation
+DATA from the worker's port and id with another offset, into an empty copy, is aggregated,
+and the round it lands in can then never complete (the other workers' real contributions are
+STALE, the worker's own a duplicate, re-sends too) until a newer call abandons it. Everything
+else must be harmless, and is what it sends, every frame addressed to the switch (its MAC, or
+an unknown one; frames the switch forwards unchanged to a host's MAC are the hosts' business):
 
 * dropped with a counted reason before any slot is touched: random bytes and random IPv4,
   802.1Q-tagged contributions, wrong UDP ports, fragments, IP options, other protocols
@@ -67,6 +69,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import socket
 import struct
 import subprocess
@@ -103,10 +106,12 @@ OTHER_JOB = 2  # the second job, idle: hostile frames aim at its slots
 OTHER_POOL = 64
 PRIMING_OFFSET = 0xFFFFFFFF
 # Hostile frames per switch sent and not yet counted, and the pushes' window (bml-host push
-# --window), per target. BMv2 reads its ports through libpcap, whose ring holds only ~170
-# frames per port at the veths' MTU of 9000 (2 MiB of MTU-sized slots): more in flight on one
-# port and frames are lost before the pipeline, uncounted (the push repairs its own by
-# re-sending, but a lost hostile frame would leave its count short).
+# --window), per target. BMv2 reads its ports through libpcap, whose capture ring (2 MiB of
+# slots as large as the biggest frame the port may carry) takes about 240 frames back to back
+# on one port at the emulation's MTU of 9000 (offloads off; 32 with a veth's offloads on):
+# more in flight on one port and frames are lost before the pipeline, counted nowhere a
+# controller sees (the push repairs its own by re-sending; a lost hostile frame would leave
+# its count short). The software target's sockets take thousands.
 WINDOW = {"soft": 256, "bmv2": 32}
 PUSH_WINDOW = {"soft": 256, "bmv2": 32}
 OLD_BY = 1000  # old calls are 1..OLD_BY generations behind the job's
@@ -882,6 +887,19 @@ def link_drops(links: list[Link]) -> int:
     return sum(_link_drops(link.namespace, link.interface)[1] for link in links)
 
 
+def socket_drops(pids: list[int]) -> int:
+    """Frames the switch processes' packet sockets dropped (``ss -0 -m``: sk_drops, e.g. a
+    full receive buffer or capture ring): lost before the pipeline saw them."""
+    done = subprocess.run(["ss", "-0", "-m", "-p", "-H"], capture_output=True, text=True,
+                          check=False)
+    total = 0
+    for line in done.stdout.splitlines():
+        if any(f"pid={pid}," in line for pid in pids):
+            match = re.search(r"skmem:\(.*\bd(\d+)\)", line)
+            total += int(match.group(1)) if match else 0
+    return total
+
+
 # ---------------------------------------------------------------------------- the run
 @dataclass
 class Report:
@@ -897,6 +915,7 @@ class Report:
     pushes: list[dict] = field(default_factory=list)
     send: dict = field(default_factory=dict)
     link_drops: int = 0
+    socket_drops: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -917,8 +936,9 @@ class Report:
         send = self.send
         lines.append(f"  sent {send.get('sent', 0)} frames in {send.get('seconds', 0):.1f} s "
                      f"({send.get('sent', 0) / max(send.get('seconds', 0), 1e-9):.0f}/s), "
-                     f"{send.get('during_push', 0)} of them while a push ran; lost on the "
-                     f"links before the switches: {self.link_drops}")
+                     f"{send.get('during_push', 0)} of them while a push ran")
+        lines.append(f"  lost before the pipelines: on the links {self.link_drops}, in the "
+                     f"switches' packet sockets {self.socket_drops}")
         ok = sum(1 for p in self.pushes if p["ok"])
         lines.append(f"  pushes during the run: {len(self.pushes)}, correct {ok} "
                      f"(seconds: {', '.join(format(p['seconds'], '.1f') for p in self.pushes)})")
@@ -1016,6 +1036,8 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
         try:
             sockets = [send_socket(link) for link in links]
             drops_before = link_drops(links)
+            pids = [info["pid"] for info in state.switches.values()]
+            socket_drops_before = socket_drops(pids)
             before = counters.read_all()
             loop.start()
             # Into the pushes' data: the switches are adding before the first frame goes.
@@ -1041,6 +1063,7 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
                 after = again
             evaluate(report, frames, before, after)
             report.link_drops = link_drops(links) - drops_before
+            report.socket_drops = socket_drops(pids) - socket_drops_before
         finally:
             loop.stop.set()
             for sock in sockets:
@@ -1056,9 +1079,10 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
                                 f"{p}" for p in record.problems]
         dead = [sw for sw, info in state.switches.items() if not net._alive(info["pid"])]
         report.failures += [f"switch {sw} is not running any more" for sw in dead]
-        if report.link_drops:
-            report.failures.append(f"{report.link_drops} frames were lost on the links "
-                                   "before the switches (the counts cannot be exact)")
+        if report.link_drops or report.socket_drops:
+            report.failures.append(
+                f"{report.link_drops + report.socket_drops} frames (hostile or the pushes') "
+                "were lost before the switches' pipelines (the counts cannot be exact)")
         # A last push after the traffic: the job still works.
         if not dead:
             last = judge(push(state, grads, workdir, extra, 300), grads, reference)
