@@ -86,8 +86,9 @@ class EngineStats:
     exponent_seconds: float = 0.0
 
 
-RETX_PER_ANSWER = 0.125  # re-send budget a NIC earns per answered slot
-RETX_BUDGET_CAP = 16.0
+RETX_PER_ANSWER = 1.0  # re-send budget a NIC earns per answered slot
+RETX_BUDGET_CAP = 64.0
+FORCED_PER_RTO = 16  # re-sends per RTO with the budget spent (the call's end earns none)
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
@@ -111,6 +112,7 @@ class NicLink:
     outbox: deque = field(default_factory=deque)
     budget: float = RETX_BUDGET_CAP
     last_forced: float = 0.0
+    forced_left: int = 0
     last_heard: float = 0.0  # when a frame from the switch last arrived
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
     questions: int = 0  # how often since
@@ -238,7 +240,7 @@ class SwitchChannel:
         base, cap = rto.value, rto.cap
         return [(self.last_sent[slot], self, slot) for slot, frame in enumerate(self.frames)
                 if frame is not None and now - self.last_sent[slot] > min(
-                    cap, base * (1 << min(self.retries[slot], 8)))]
+                    cap, base * (1 << min(max(self.retries[slot] - 1, 0), 8)))]
 
     def resend(self, slot: int, now: float) -> None:
         self.nic.send(self.frames[slot])
@@ -720,8 +722,11 @@ class _Call:
             for _sent, channel, slot in overdue:
                 if link.budget >= 1:
                     link.budget -= 1
+                elif link.forced_left > 0:
+                    link.forced_left -= 1
                 elif now - link.last_forced > rto.value:
                     link.last_forced = now
+                    link.forced_left = FORCED_PER_RTO - 1
                 else:
                     break
                 channel.resend(slot, now)

@@ -140,7 +140,7 @@ class Mesh:
         for peer in peers:
             try:
                 peer.send(Kind.ABORT, call, payload=payload)
-            except OSError:
+            except (OSError, MeshError):
                 continue
         deadline = time.monotonic() + linger
         while time.monotonic() < deadline and any(peer.outbox for peer in peers):
@@ -148,7 +148,7 @@ class Mesh:
             for peer in peers:
                 try:
                     peer.flush()
-                except OSError:
+                except (OSError, MeshError):
                     peer.outbox.clear()
 
     def close(self, linger: float = 2.0) -> None:

@@ -33,8 +33,9 @@ import select
 import socket
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +56,10 @@ from hosts.quantize import block_exponents, dequantize, quantize_to_wire
 from hosts.sockets import force_buffers
 
 PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
+RTO_SAMPLES = 64  # answer times the timeout is estimated from
+RTO_QUANTILE = 0.3  # the quantile of those that is an answer's time without loss
+RTO_QUANTILES = 2.0  # the timeout, in that quantile
+RTO_INITIAL = 0.05  # s, before any answer
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _RESULT_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
@@ -72,27 +77,36 @@ class LengthMismatch(TransportError):
 
 @dataclass
 class Rto:
-    """Retransmission timeout from RTT samples (RFC 6298 style; Karn's rule by the caller),
-    doubled by ``timed_out`` until a clean sample comes back."""
+    """Retransmission timeout from answer-time samples (Karn's rule by the caller), doubled by
+    ``timed_out`` until a clean sample comes back.
+
+    An aggregation slot's answer waits for every worker's contribution, so its time includes
+    the other workers' recoveries from their own losses: under loss the slow part of the
+    samples is other workers' re-sends, not the network (at 10% loss each way, half of a
+    4-worker slot's uses wait for one). TCP's mean + 4 deviations would follow that up (and
+    every re-send would then wait longer, making the samples longer still, up to the cap).
+    A low quantile of the recent samples is what an answer takes when nothing was lost;
+    ``RTO_QUANTILES`` times it is the timeout."""
 
     floor: float = 0.01
     cap: float = 5.0
-    srtt: float | None = None
-    rttvar: float = 0.0
     backoff: int = 1
+    samples: deque = field(default_factory=lambda: deque(maxlen=RTO_SAMPLES))
+    base: float = RTO_INITIAL
+    _fresh: int = 0
 
     @property
     def value(self) -> float:
-        base = 0.05 if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.cap, max(self.floor, base) * self.backoff)
+        return min(self.cap, max(self.floor, self.base) * self.backoff)
 
     def sample(self, rtt: float) -> None:
         self.backoff = 1
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.samples.append(rtt)
+        self._fresh += 1
+        if self._fresh >= 8 or len(self.samples) < 8:  # re-estimated every 8 samples
+            self._fresh = 0
+            ordered = sorted(self.samples)
+            self.base = RTO_QUANTILES * ordered[int(RTO_QUANTILE * (len(ordered) - 1))]
 
     def timed_out(self) -> None:
         self.backoff = min(self.backoff * 2, 1 << 10)

@@ -74,7 +74,7 @@ def test_nic_down_mid_push_is_named_and_the_job_works_after_restore(star4, tmp_p
     failed = time.monotonic()
     results = wait_pushes(running, TIMEOUT + 30)
     detected = time.monotonic() - failed
-    assert [r.returncode for r in results] == [2, 2, 2, 2], [r.stderr for r in results]
+    assert [r.returncode for r in results] == [2, 2, 2, 2], "\n".join(r.stderr for r in results)
     assert detected < 10, (f"{detected:.1f} s to notice the NIC down", [r.stderr for r in results])
     net.restore_link(star4, "h1", "eth0")
     grads = gradients(4, 100_003, 24)
