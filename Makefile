@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 bench bench-schedules bench-claims train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 bench bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -28,6 +28,7 @@ bench: setup
 	$(PY) -m benchmarks.allreduce_gst
 	$(PY) -m benchmarks.bcube_schedules
 	$(PY) -m benchmarks.claims
+	$(PY) -m benchmarks.faults
 
 bench-schedules: setup  # the three BCube schedules on all NICs of bcube:3,2 (~5 min)
 	$(PY) -m benchmarks.bcube_schedules
@@ -35,6 +36,9 @@ bench-schedules: setup  # the three BCube schedules on all NICs of bcube:3,2 (~5
 bench-claims: setup  # every scheme on the same links against the cost model (~12-20 min)
 	$(PY) -m pip install -q -e ".[torch]" || echo "bench-claims: torch is not installable here; no ring rows"
 	$(PY) -m benchmarks.claims
+
+bench-faults: setup  # loss goodput, and each fault's detection and recovery (star:4, ~5 min)
+	$(PY) -m benchmarks.faults
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
 	$(PY) -m hosts.train $(ARGS)

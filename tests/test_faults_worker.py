@@ -15,6 +15,7 @@ from bml.protocol import Stat
 from control_plane.fabric import Fabric
 from control_plane.p4info import Names
 from control_plane.session import SwitchSession
+from emulation.netns import Shaping
 from emulation.workers import Push, PushResult, check_sum, run_pushes, start_pushes, wait_pushes
 from tests.conftest import NETNS_REASON, emulation
 
@@ -155,3 +156,13 @@ def test_empty_gradient_is_refused_before_anything_is_sent(star4, tmp_path):
                          tmp_path, 4, ["--start-timeout", "2"])
     assert results[0].returncode == 2
     assert "gradient is empty: nothing to sum" in results[0].stderr
+
+
+@pytest.mark.parametrize("loss", [5.0, 10.0])
+def test_loss_and_reordering_with_the_default_timeouts(tmp_path, loss):
+    """5% and 10% loss each way and 25% reordering on every link: every sum right, with the
+    default timeouts (goodput: benchmarks/faults.py)."""
+    with emulation("tloss", "star:4", shaping=Shaping(None, None, loss, 25.0)) as state:
+        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(ALL_NICS, "in-network")
+        grads = gradients(4, 200_003, 12)
+        assert_correct(run_pushes(state, ALL_NICS, pushes(grads, None), tmp_path, 4), grads)
