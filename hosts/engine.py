@@ -86,7 +86,7 @@ class EngineStats:
     exponent_seconds: float = 0.0
 
 
-RETX_PER_ANSWER = 1.0  # re-send budget a NIC earns per answered slot
+RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
 FORCED_PER_RTO = 16  # re-sends per RTO with the budget spent (the call's end earns none)
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
