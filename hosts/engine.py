@@ -88,7 +88,7 @@ class EngineStats:
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
-FORCED_PER_RTO = 16  # re-sends per RTO with the budget spent (the call's end earns none)
+FORCED_PER_RTO = 1  # re-sends per RTO with the budget spent (the call's end earns none)
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
@@ -739,18 +739,22 @@ class _Call:
         for link in self.engine.links:
             owed = [c for (_p, level), c in self.channels.items()
                     if level == link.level and c.waiting()]
-            if not owed or now - link.last_heard < SWITCH_SILENCE:
+            # On a slow, saturated link a question and its answer wait in full queues: the
+            # bounds grow with the answer times this NIC sees.
+            rto = self.rto[link.level].value
+            if not owed or now - link.last_heard < max(SWITCH_SILENCE, 4 * rto):
                 continue
+            deadline = max(SWITCH_DEADLINE, 3 * rto)
             if not link.asked:
                 link.asked, link.questions = now, 0
-            elif now - link.asked > SWITCH_DEADLINE:
+            elif now - link.asked > deadline:
                 waiting = "; ".join(f"{c.name}: {c.waiting()} slot(s) waiting" for c in owed)
                 raise TransportError(
                     f"job {self.engine.job} server {self.engine.server}: switch "
                     f"{link.switch_ip} (level {link.level}) stopped answering: nothing from it "
                     f"for {now - link.last_heard:.1f} s, not even to a question whether it is "
                     f"alive ({waiting}): it is down or cut off")
-            if now - link.asked >= link.questions * SWITCH_DEADLINE / 4:  # four questions
+            if now - link.asked >= link.questions * deadline / 4:  # four questions
                 link.questions += 1
                 link.send(HEADER_STRUCT.pack(PacketType.GENERATION, 0, owed[0].job, owed[0].me,
                                              0, 0, EXPONENT_NONE, 0, 0, 0) + _ZEROS)

@@ -31,7 +31,6 @@ from hosts.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
-USER_TIMEOUT_MS = 8000  # unacknowledged data to a neighbour for this long: it is gone
 
 
 class MeshError(RuntimeError):
@@ -260,13 +259,6 @@ class Mesh:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
-        # A neighbour whose host or link died sends no FIN: keepalives find an idle connection
-        # dead within ~4 s, and unacknowledged data gives up after USER_TIMEOUT_MS. (A frozen
-        # process's kernel still answers both: that is the call's timeout's case.)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in ((socket.TCP_KEEPIDLE, 1), (socket.TCP_KEEPINTVL, 1),
-                              (socket.TCP_KEEPCNT, 3), (socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)):
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
         # Each NIC receives from its n - 1 neighbours on that level at once: pace every
         # connection to its share of the link's queue (hosts.sockets.QUEUE_BUDGET).
         limit = max(9000, QUEUE_BUDGET // max(1, self.topology.n - 1))

@@ -57,7 +57,7 @@ from hosts.sockets import force_buffers
 
 PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses
 RTO_SAMPLES = 64  # answer times the timeout is estimated from
-RTO_QUANTILE = 0.3  # the quantile of those that is an answer's time without loss
+RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
 _BE = np.dtype(">i4")
