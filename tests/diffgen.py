@@ -736,6 +736,10 @@ class Generator:
                 % GENERATIONS) + step) % GENERATIONS
             for slot in range(job.group.pool_size):
                 old = self.rounds[job.job_id, slot]
+                # An abandoned round is never re-sent: after a RESET (generation 0) its frames
+                # would be newer again and restart its copy (its workers' bits were cleared
+                # when they moved on), which no host does once it has moved on.
+                old.resendable = old.resendable and old.complete
                 self.previous[job.job_id, slot] = old
                 self.rounds[job.job_id, slot] = self._new_round(job, slot, old.use + 1)
             self.contribute(job)
