@@ -874,8 +874,7 @@ class _Call:
         if peer.closed and not peer.done:
             raise TransportError(
                 f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
-                f"(level {peer.dim}) closed its connection mid-call (or its host or link "
-                "went silent): it stopped "
+                f"(level {peer.dim}) closed its connection mid-call: it stopped "
                 f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
 
     def _fail(self, waited: float) -> None:
