@@ -37,7 +37,14 @@ from bml.schedule import IN_NETWORK, make_schedule
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits
-from emulation.workers import Push, check_sum, run_pushes, start_pushes, wait_pushes
+from emulation.workers import (
+    Push,
+    check_sum,
+    run_pushes,
+    start_pushes,
+    wait_for_progress,
+    wait_pushes,
+)
 
 RESULTS = Path("results")
 NAME = "bfault"
@@ -62,19 +69,6 @@ def push(state, grads: list[np.ndarray], tmp: Path, timeout: float = 600) -> tup
         return float("nan"), False, 0
     return (max(float(r.figure("seconds")) for r in results), True,
             sum(int(r.figure("retransmissions")) for r in results))
-
-
-def aggregated(state) -> int:
-    from bml.protocol import Stat
-    from control_plane.p4info import Names
-    from control_plane.session import SwitchSession
-
-    (name, (address, device)), = Fabric.load(state.run_dir / "fabric.json").addresses().items()
-    session = SwitchSession(name, address, device, stream=False)
-    try:
-        return session.read_counter(Names.STATS)[Stat.AGGREGATED]
-    finally:
-        session.close()
 
 
 def loss_table(state, size: int, rate: str, tmp: Path) -> list[dict]:
@@ -106,9 +100,7 @@ def fault_row(state, fault: str, size: int, tmp: Path, baseline: float,
     grads = gradients(size, 2)
     running = start_pushes(state, JOB, [Push(s, s, g, None) for s, g in enumerate(grads)], tmp,
                            4, ["--timeout", "60"])
-    start = aggregated(state)
-    while aggregated(state) - start < size // 64:  # a quarter of the contributions
-        time.sleep(0.05)
+    wait_for_progress(state, size // 64)  # a quarter of the contributions
     victim = running[2][1]
     failed = time.monotonic()
     if fault == "worker killed":

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from bml.protocol import VALUES_PER_PACKET
+from control_plane.fabric import Fabric
 from control_plane.p4info import REPO_ROOT
+from control_plane.status import read_counters
 from hosts.quantize import block_exponents, error_bound
 
 
@@ -107,3 +109,21 @@ def check_sum(result: np.ndarray, grads: list[np.ndarray]) -> tuple[float, float
     bound = error_bound(e_max, n, res.reshape(-1, VALUES_PER_PACKET)).reshape(-1)[:exact.size]
     error = np.abs(result.astype(np.float64) - exact)
     return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
+
+
+def aggregated(state) -> int:
+    """Contributions the emulation's switches have added so far (read over P4Runtime)."""
+    switches = Fabric.load(state.run_dir / "fabric.json").addresses()
+    return sum(read_counters(name, address, device_id)["aggregated"]
+               for name, (address, device_id) in switches.items())
+
+
+def wait_for_progress(state, contributions: int, timeout: float = 60.0) -> None:
+    """Until the switches have added ``contributions`` more (a push is under way): where a
+    fault test or benchmark injects its fault."""
+    start = aggregated(state)
+    deadline = time.monotonic() + timeout
+    while aggregated(state) - start < contributions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the push made no progress within {timeout:g} s")
+        time.sleep(0.1)

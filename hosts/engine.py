@@ -67,7 +67,13 @@ from bml.topology import Topology
 from hosts.mesh import Kind, Mesh, MeshError, Peer, queue_full
 from hosts.quantize import block_exponents, dequantize, shift
 from hosts.sockets import force_buffers
-from hosts.transport import PRIMING_OFFSET, LengthMismatch, Rto, TransportError
+from hosts.transport import (
+    PRIMING_OFFSET,
+    LengthMismatch,
+    Rto,
+    TransportError,
+    generation_question,
+)
 
 _BE = np.dtype(">i4")
 
@@ -88,7 +94,6 @@ class EngineStats:
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
-FORCED_PER_RTO = 1  # re-sends per RTO with the budget spent (the call's end earns none)
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
@@ -112,7 +117,6 @@ class NicLink:
     outbox: deque = field(default_factory=deque)
     budget: float = RETX_BUDGET_CAP
     last_forced: float = 0.0
-    forced_left: int = 0
     last_heard: float = 0.0  # when a frame from the switch last arrived
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
     questions: int = 0  # how often since
@@ -340,9 +344,7 @@ class Engine:
                     "on it (bml-ctl job-add --servers all)?")
             if now >= next_ask:
                 for level, job in waiting:
-                    self.links[level].send(HEADER_STRUCT.pack(
-                        PacketType.GENERATION, 0, job, me[level], 0, 0, EXPONENT_NONE, 0, 0, 0)
-                        + _ZEROS)
+                    self.links[level].send(generation_question(job, me[level]))
                 next_ask = now + 0.2
             select.select([link.sock for link in self.links], [], [], 0.05)
             for link in self.links:
@@ -722,11 +724,8 @@ class _Call:
             for _sent, channel, slot in overdue:
                 if link.budget >= 1:
                     link.budget -= 1
-                elif link.forced_left > 0:
-                    link.forced_left -= 1
                 elif now - link.last_forced > rto.value:
                     link.last_forced = now
-                    link.forced_left = FORCED_PER_RTO - 1
                 else:
                     break
                 channel.resend(slot, now)
@@ -756,8 +755,7 @@ class _Call:
                     f"alive ({waiting}): it is down or cut off")
             if now - link.asked >= link.questions * deadline / 4:  # four questions
                 link.questions += 1
-                link.send(HEADER_STRUCT.pack(PacketType.GENERATION, 0, owed[0].job, owed[0].me,
-                                             0, 0, EXPONENT_NONE, 0, 0, 0) + _ZEROS)
+                link.send(generation_question(owed[0].job, owed[0].me))
 
     def _grace(self) -> float:
         return max(0.05, 3 * max(rto.value for rto in self.rto))

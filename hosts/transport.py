@@ -51,6 +51,7 @@ from bml.protocol import (
     PacketType,
     job_udp_port,
     newer_generation,
+    pack_header,
 )
 from hosts.quantize import block_exponents, dequantize, quantize_to_wire
 from hosts.sockets import force_buffers
@@ -121,6 +122,11 @@ class Stats:
     seconds: float = 0.0
 
 
+def generation_question(job: int, worker: int) -> bytes:
+    """A GENERATION question (a full-size frame, as admission requires) of ``worker``."""
+    return pack_header(PacketType.GENERATION, job, worker, 0, count=0) + _ZERO_VALUES
+
+
 def _length_lanes(length: int) -> list[int]:
     """Lane 0: the length; lanes 1-7: hashes of it, each < 2**20 so N of them sum safely.
 
@@ -178,8 +184,7 @@ class AggregationTransport:
     def ask_generation(self) -> int:
         """The job's generation at the switch: a GENERATION question, asked again until it is
         answered within ``start_timeout``."""
-        question = HEADER_STRUCT.pack(PacketType.GENERATION, 0, self.job_id, self.worker_id, 0,
-                                      0, EXPONENT_NONE, 0, 0, 0) + _ZERO_VALUES
+        question = generation_question(self.job_id, self.worker_id)
         buffer = bytearray(PAYLOAD_BYTES + 64)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:

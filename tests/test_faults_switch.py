@@ -13,9 +13,9 @@ import pytest
 
 from control_plane.fabric import Fabric
 from emulation import net
-from emulation.workers import run_pushes, start_pushes, wait_pushes
+from emulation.workers import run_pushes, start_pushes, wait_for_progress, wait_pushes
 from tests.conftest import NETNS_REASON, emulation
-from tests.test_faults_worker import assert_correct, gradients, pushes, wait_for_progress
+from tests.test_faults_worker import assert_correct, gradients, pushes
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")]

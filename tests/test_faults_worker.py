@@ -11,12 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from bml.protocol import Stat
 from control_plane.fabric import Fabric
-from control_plane.p4info import Names
-from control_plane.session import SwitchSession
 from emulation.netns import Shaping
-from emulation.workers import Push, PushResult, check_sum, run_pushes, start_pushes, wait_pushes
+from emulation.workers import (
+    Push,
+    PushResult,
+    check_sum,
+    run_pushes,
+    start_pushes,
+    wait_for_progress,
+    wait_pushes,
+)
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,
@@ -48,28 +53,6 @@ def assert_correct(results: list[PushResult], grads: list[np.ndarray]) -> None:
         assert result.returncode == 0, result.stderr
         error, bound, ok = check_sum(np.load(result.output), grads)
         assert ok, f"error {error} beyond bound {bound}"
-
-
-def aggregated(state) -> int:
-    """Contributions the emulation's switches have added so far (read over P4Runtime)."""
-    total = 0
-    for name, (address, device_id) in Fabric.load(state.run_dir / "fabric.json") \
-            .addresses().items():
-        session = SwitchSession(name, address, device_id, stream=False)
-        try:
-            total += session.read_counter(Names.STATS)[Stat.AGGREGATED]
-        finally:
-            session.close()
-    return total
-
-
-def wait_for_progress(state, contributions: int, timeout: float = 60.0) -> None:
-    """Until the switches have added ``contributions`` more (the push is under way)."""
-    start = aggregated(state)
-    deadline = time.monotonic() + timeout
-    while aggregated(state) - start < contributions:
-        assert time.monotonic() < deadline, "the push made no progress"
-        time.sleep(0.1)
 
 
 def kill_mid_push(state, job: int, interface: str | None, tmp_path, victim: int,
