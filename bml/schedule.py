@@ -24,7 +24,7 @@ each NIC sends and receives, which is what the cost model prices.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from bml.topology import Topology
@@ -77,27 +77,86 @@ class Step:
         return f"{self.op.name}(d{self.dim}, {self.where})"
 
 
+Group = tuple[int, int]  # (level, switch index within the level): one switch's servers
+
+
 @dataclass(frozen=True)
 class Schedule:
+    """``stripes`` are the steps every server runs; a ``broken`` group (its switch, or a
+    member's link to it, failed) runs its own dimension's steps in the hosts instead, over
+    detours through the other levels (``Topology.relay``): a step in the hosts leaves every
+    server owning the same sums as the switch would, so the other groups run unchanged."""
+
     name: str
     topology: Topology
     stripes: tuple[tuple[Step, ...], ...]
     alpha: Fraction = Fraction(1)  # the mixed schedule's switch share of its first RS
+    broken: frozenset[Group] = frozenset()
 
     @property
     def code(self) -> str:
         """What workers compare to be sure they run the same schedule."""
-        return f"{self.name}:{self.alpha}:{self.topology.spec}"
+        broken = "".join(f":broken{level}.{index}" for level, index in sorted(self.broken))
+        return f"{self.name}:{self.alpha}:{self.topology.spec}{broken}"
 
-    def rs_dims(self, stripe: int) -> list[int]:
-        return [s.dim for s in self.stripes[stripe] if s.op is Op.RS]
+    def is_broken(self, server: int, dim: int) -> bool:
+        return (dim, self.topology.switch_index(server, dim)) in self.broken
+
+    def steps_of(self, stripe: int, server: int | None = None) -> tuple[Step, ...]:
+        """The stripe's steps as ``server`` runs them: on a broken dimension in the hosts (an
+        allreduce there becomes a reduce-scatter and an all-gather)."""
+        steps = self.stripes[stripe]
+        if server is None or not self.broken:
+            return steps
+        out: list[Step] = []
+        for step in steps:
+            if not self.is_broken(server, step.dim):
+                out.append(step)
+            elif step.op is Op.AR:
+                out += [Step(step.dim, Op.RS, Fraction(0)), Step(step.dim, Op.AG, Fraction(0))]
+            else:
+                out.append(Step(step.dim, step.op, Fraction(0)))
+        return tuple(out)
+
+    def rs_dims(self, stripe: int, server: int | None = None) -> list[int]:
+        return [s.dim for s in self.steps_of(stripe, server) if s.op is Op.RS]
 
     def uses_switch(self) -> bool:
         return any(s.switch_share > 0 for steps in self.stripes for s in steps)
 
     def describe(self) -> list[str]:
-        return [f"stripe {p}: " + " -> ".join(map(str, steps))
-                for p, steps in enumerate(self.stripes)]
+        lines = [f"stripe {p}: " + " -> ".join(map(str, steps))
+                 for p, steps in enumerate(self.stripes)]
+        topo = self.topology
+        for level, index in sorted(self.broken):
+            switch = topo.switch_at(level, index)
+            lines.append(f"switch {switch.name} failed: servers "
+                         f"{', '.join(map(str, switch.servers))} run level {level} in the "
+                         f"hosts, through relays on level {topo.detour_level(level)}:")
+            lines += [f"  stripe {p}: " + " -> ".join(map(str, self.steps_of(p, switch.servers[0])))
+                      for p in range(len(self.stripes))]
+        return lines
+
+    def degraded(self, broken: set[Group] | frozenset[Group]) -> Schedule:
+        """This schedule with the groups ``broken`` also run in the hosts over detours;
+        a ScheduleError if some detour would need a broken switch too."""
+        broken = frozenset(self.broken | set(broken))
+        topo = self.topology
+        if topo.k < 2:
+            raise ScheduleError(f"{topo.spec} has one switch level: no other path to re-plan "
+                                "over")
+        for level, index in sorted(broken):
+            m = topo.detour_level(level)
+            switch = topo.switch_at(level, index)
+            for server in switch.servers:
+                relay = topo.relay(server, level)
+                for needed in ((m, topo.switch_index(server, m)),
+                               (level, topo.switch_index(relay, level))):
+                    if needed in broken:
+                        raise ScheduleError(
+                            f"switches {switch.name} and {topo.switch_at(*needed).name} both "
+                            "failed: the detour around one needs the other")
+        return replace(self, broken=broken)
 
 
 def balanced_alpha(topology: Topology) -> Fraction:
@@ -204,19 +263,19 @@ class Layout:
         stripe's j-th reduce-scatter."""
         digits = self.topology.digits(server)
         out = [self.stripe(p)]
-        for dim in self.schedule.rs_dims(p):
+        for dim in self.schedule.rs_dims(p, server):
             out.append(split(out[-1], self.topology.n)[digits[dim]])
         return out
 
     def rs_parts(self, p: int, j: int, server: int) -> list[tuple[Range, Range]]:
         """Per owner digit i, the (switch, host) ranges of piece[j] at the stripe's j-th RS."""
-        step = self.rs_step(p, j)
+        step = self.rs_step(p, j, server)
         piece = self.pieces(p, server)[j]
         return [share_split(part, step.switch_share)
                 for part in split(piece, self.topology.n)]
 
-    def rs_step(self, p: int, j: int) -> Step:
-        return [s for s in self.schedule.stripes[p] if s.op is Op.RS][j]
+    def rs_step(self, p: int, j: int, server: int | None = None) -> Step:
+        return [s for s in self.schedule.steps_of(p, server) if s.op is Op.RS][j]
 
 
 # --- traffic ------------------------------------------------------------------------------
@@ -283,15 +342,42 @@ def traffic(layout: Layout, server: int, window: int | None = DEFAULT_WINDOW,
             exponents: bool = True) -> list[NicTraffic]:
     """What each NIC of ``server`` sends (up) and receives (down) to run the schedule, as the
     executors do it. ``window=None`` leaves the flush uses out, ``exponents=False`` the
-    exponent exchange: both are overheads of this implementation, not of the schedule."""
+    exponent exchange: both are overheads of this implementation, not of the schedule.
+
+    A broken group's level goes over detours: its members' level-l traffic leaves and
+    arrives on their detour NIC m, and each relay carries its client's both ways, on its
+    NIC m and its NIC l."""
+    nics = _traffic_of(layout, server, window, exponents)
+    schedule, topo = layout.schedule, layout.topology
+    for level in range(topo.k if schedule.broken else 0):
+        m = topo.detour_level(level)
+        if schedule.is_broken(server, level):
+            nics[m].up.add(nics[level].up)
+            nics[m].down.add(nics[level].down)
+            nics[level] = NicTraffic()
+        digits = list(topo.digits(server))
+        digits[m] = (digits[m] - 1) % topo.n
+        client = topo.server_of(tuple(digits))
+        if schedule.is_broken(client, level):
+            relayed = _traffic_of(layout, client, window, exponents)[level]
+            nics[m].down.add(relayed.up)
+            nics[level].up.add(relayed.up)
+            nics[level].down.add(relayed.down)
+            nics[m].up.add(relayed.down)
+    return nics
+
+
+def _traffic_of(layout: Layout, server: int, window: int | None,
+                exponents: bool) -> list[NicTraffic]:
+    """``traffic`` by the level each step is on, detours left out."""
     topo, schedule = layout.topology, layout.schedule
     n = topo.n
     nics = [NicTraffic() for _ in range(topo.k)]
     me = topo.digits(server)
-    for p, steps in enumerate(schedule.stripes):
+    for p in range(len(schedule.stripes)):
         pieces = layout.pieces(p, server)
-        rs_index = {dim: j for j, dim in enumerate(schedule.rs_dims(p))}
-        for step in steps:
+        rs_index = {dim: j for j, dim in enumerate(schedule.rs_dims(p, server))}
+        for step in schedule.steps_of(p, server):
             nic = nics[step.dim]
             mine = me[step.dim]
             if step.op is Op.RS:

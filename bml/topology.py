@@ -155,6 +155,9 @@ class Topology:
                 result.append(Switch(name, level, index, len(result) + 1, tuple(servers)))
         return tuple(result)
 
+    def switch_at(self, level: int, index: int) -> Switch:
+        return self.switches[level * self.n ** (self.k - 1) + index]
+
     def switch(self, name: str) -> Switch:
         for sw in self.switches:
             if sw.name == name:
@@ -164,7 +167,7 @@ class Topology:
     def nics(self, server: int) -> tuple[Nic, ...]:
         result = []
         for level in range(self.k):
-            sw = self.switches[level * self.n ** (self.k - 1) + self.switch_index(server, level)]
+            sw = self.switch_at(level, self.switch_index(server, level))
             result.append(Nic(server, level, sw.name, sw.port_of(server)))
         return tuple(result)
 
@@ -172,3 +175,42 @@ class Topology:
         """The other servers on server's level-l switch."""
         sw = self.switch(self.nics(server)[level].switch)
         return tuple(s for s in sw.servers if s != server)
+
+    # --- detours: BCube's other paths, for a group whose switch (or a member's link) failed --
+    def detour_level(self, level: int) -> int:
+        """The level whose NICs carry a failed level-``level`` group's traffic."""
+        return (level + 1) % self.k
+
+    def relay(self, server: int, level: int) -> int:
+        """The server that forwards ``server``'s traffic to its level-``level`` neighbours when
+        their switch cannot: its neighbour on the detour level m, digit m one up. The relays
+        of one group are themselves one level-l group, on another switch, so a detour is
+        server -> relay (level m) -> the peer's relay (level l) -> peer (level m)."""
+        if self.k < 2:
+            raise TopologyError(f"{self.spec} has one level: there is no other path")
+        m = self.detour_level(level)
+        digits = list(self.digits(server))
+        digits[m] = (digits[m] + 1) % self.n
+        return self.server_of(tuple(digits))
+
+    def detour_routes(self, server: int) -> list[tuple[str, str, str]]:
+        """(destination, gateway, interface) of the host routes ``server`` needs for every
+        detour: as a sender, to each level-l neighbour's level-m address via its relay; as a
+        relay, onwards to the peer's relay on level l. They are installed ahead (they change
+        nothing while every switch works: no other traffic goes to those addresses that way)
+        and need IP forwarding on."""
+        if self.k < 2:
+            return []
+        routes = []
+        for level in range(self.k):
+            m = self.detour_level(level)
+            relay = self.relay(server, level)
+            for peer in self.neighbours(server, level):
+                routes.append((self.nics(peer)[m].ip, self.nics(relay)[m].ip, f"eth{m}"))
+            digits = list(self.digits(server))
+            digits[m] = (digits[m] - 1) % self.n
+            client = self.server_of(tuple(digits))  # whose relay this server is
+            for peer in self.neighbours(client, level):
+                routes.append((self.nics(peer)[m].ip,
+                               self.nics(self.relay(peer, level))[level].ip, f"eth{level}"))
+        return routes

@@ -228,6 +228,8 @@ def _build(state: State, topology: Topology, shaping: Shaping, target: str,
         state.switches[sw.name] = SwitchProcess(sw.name, sw.device_id, address, pid,
                                                 ports, log).__dict__
         state.save()
+    for server in range(topology.num_servers):
+        add_detour_routes(state, topology, server)
     for sw in state.switches.values():
         wait_for_port(sw["address"], sw["pid"], 30, sw["log"])
 
@@ -242,6 +244,20 @@ def add_neighbours(state: State, topology: Topology, sw: Switch, server: int) ->
         if other != server:
             peer = topology.nics(other)[sw.level]
             netns.add_neighbour(namespace, nic.interface, peer.ip, peer.mac)
+
+
+def add_detour_routes(state: State, topology: Topology, server: int) -> None:
+    """The host routes that carry a failed switch's group over the other levels through relay
+    servers (``Topology.detour_routes``), with forwarding on so that this server relays. Also
+    after one of its NICs was down: that removed the routes through it."""
+    namespace = state.namespace_of(server)
+    routes = topology.detour_routes(server)
+    if not routes:
+        return
+    netns.run("sysctl", "-qw", "net.ipv4.ip_forward=1", namespace=namespace)
+    netns.run("ip", "-batch", "-", namespace=namespace, stdin="".join(
+        f"route replace {destination}/32 via {gateway} dev {interface}\n"
+        for destination, gateway, interface in routes))
 
 
 def start_switch_process(target: str, bmv2: str | None, device_id: int, ports: dict,
@@ -509,6 +525,7 @@ def restore_link(state: State, server: str, interface: str) -> str:
     topology = state.topo()
     level = int(nic.removeprefix("eth"))
     add_neighbours(state, topology, topology.switch(topology.nics(index)[level].switch), index)
+    add_detour_routes(state, topology, index)
     del state.failed_links[key]
     state.save()
     return key

@@ -85,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
     if isinstance(stats, EngineStats):
         counts = f"frames={stats.frames_sent} repairs={stats.repairs_asked}"
+        for replan in stats.replans:
+            print(f"bml-host: re-planned after: {replan.cause}\n"
+                  f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
+                  "old plan to the first sum of the new one; the new plan:\n  "
+                  + "\n  ".join(replan.schedule))
+        if stats.replans:
+            counts += f" replans={len(stats.replans)}"
     else:
         counts = f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET}"
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "

@@ -54,17 +54,19 @@ from bml.protocol import (
 from bml.schedule import (
     MESSAGE_BLOCKS,
     STRIPE_JOB_STRIDE,
+    Group,
     Layout,
     Op,
     Range,
     Schedule,
+    ScheduleError,
     channel_window,
     length,
     split,
     stripe_job_id,
 )
 from bml.topology import Topology
-from hosts.mesh import Kind, Mesh, MeshError, Peer, queue_full
+from hosts.mesh import Kind, Mesh, MeshError, Peer, abort_reason, queue_full
 from hosts.quantize import block_exponents, dequantize, shift
 from hosts.sockets import force_buffers
 from hosts.transport import (
@@ -81,6 +83,24 @@ _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
 
+class PartFailed(TransportError):
+    """A switch, or this server's link to it, stopped: the call can be re-planned around the
+    ``broken`` groups (``Schedule.degraded``)."""
+
+    def __init__(self, message: str, broken: set[Group]) -> None:
+        super().__init__(message)
+        self.broken = set(broken)
+
+
+@dataclass
+class Replan:
+    """One re-planning inside a call: what failed, and how long the call took to go on."""
+
+    cause: str
+    schedule: list[str]  # the degraded schedule's description
+    recovery_seconds: float = 0.0  # from giving up on the failed plan to the first new result
+
+
 @dataclass
 class EngineStats:
     seconds: float = 0.0
@@ -90,6 +110,8 @@ class EngineStats:
     repairs_asked: int = 0
     stream_bytes: int = 0
     exponent_seconds: float = 0.0
+    first_result: float = 0.0  # monotonic time of the first whole block
+    replans: list[Replan] = field(default_factory=list)
 
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
@@ -288,13 +310,19 @@ class Engine:
                                          f"{job}: {exc}") from None
                 sock.setblocking(False)
                 self.links.append(NicLink(level, ip, switch_ip, sock))
-            try:
-                self.mesh = Mesh(job, server, topology, start_timeout)
-            except MeshError as exc:
-                raise TransportError(str(exc)) from None
+            self.mesh = self._connect()
         except BaseException:
             self.close()
             raise
+
+    def _connect(self) -> Mesh:
+        """The mesh to the neighbours, over detours on the levels the schedule has broken."""
+        detours = {level: self.topology.detour_level(level) for level in range(self.topology.k)
+                   if self.schedule.is_broken(self.server, level)}
+        try:
+            return Mesh(self.job, self.server, self.topology, self.start_timeout, detours)
+        except MeshError as exc:
+            raise TransportError(str(exc)) from None
 
     def close(self) -> None:
         for link in self.links:
@@ -307,22 +335,51 @@ class Engine:
     def allreduce(self, values: np.ndarray,
                   progress: Callable[[int, int], None] | None = None
                   ) -> tuple[np.ndarray, EngineStats]:
-        """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats."""
-        self.calls += 1
-        call = _Call(self, np.ascontiguousarray(values, dtype=np.float32).ravel(), progress)
-        generation, self.generation = self.generation, None
+        """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats.
+
+        A switch or link that fails mid-call is re-planned around (every worker learns of it
+        from the ABORT that names it) and the call runs again on the degraded schedule, which
+        the engine keeps for its later calls."""
+        flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
+        started = time.monotonic()
+        replans: list[Replan] = []
+        while True:
+            self.calls += 1
+            call = _Call(self, flat, progress)
+            generation, self.generation = self.generation, None
+            try:
+                result, stats = call.run(generation)
+            except PartFailed as exc:
+                self.mesh.abort(call.tag, str(exc), exc.broken)
+                failed_at = time.monotonic()
+                self._replan(exc)
+                replans.append(Replan(str(exc), self.schedule.describe(), failed_at))
+                continue
+            except (MeshError, TransportError) as exc:
+                self.mesh.abort(call.tag, str(exc))  # relayed, so every worker names the cause
+                raise TransportError(str(exc)) from None
+            self.generation = call.generation
+            for replan in replans:  # recovery_seconds held the failure's time until now
+                replan.recovery_seconds = stats.first_result - replan.recovery_seconds
+            stats.replans = replans
+            stats.seconds = time.monotonic() - started  # failed attempts included
+            return result, stats
+
+    def _replan(self, failure: PartFailed) -> None:
+        """Go on without the failed groups: a degraded schedule and a mesh over detours."""
         try:
-            result = call.run(generation)
-        except (MeshError, TransportError) as exc:
-            self.mesh.abort(call.tag, str(exc))  # relayed, so every worker names the cause
-            raise TransportError(str(exc)) from None
-        self.generation = call.generation
-        return result
+            schedule = self.schedule.degraded(failure.broken)
+        except ScheduleError as exc:
+            raise TransportError(f"{failure}; no re-planning around it: {exc}") from None
+        self.mesh.close(linger=1.0)
+        self.schedule = schedule
+        self.mesh = self._connect()
 
     def switch_jobs(self) -> list[tuple[int, int]]:
         """(level, stripe) of every switch job the schedule aggregates in."""
-        return sorted({(s.dim, p) for p, steps in enumerate(self.schedule.stripes)
-                       for s in steps if s.op is not Op.AG and s.switch_share > 0})
+        return sorted({(s.dim, p) for p in range(len(self.schedule.stripes))
+                       for s in self.schedule.steps_of(p, self.server)
+                       if s.op is not Op.AG and s.switch_share > 0})
 
     def ask_generation(self) -> int:
         """The newest generation any of this worker's switch jobs is at (0 if it uses none):
@@ -384,11 +441,11 @@ class _Call:
         me = self.topology.digits(engine.server)
         self.me = me
         self.pieces = [self.layout.pieces(p, engine.server) for p in range(self.topology.k)]
-        self.rs_dims = [self.schedule.rs_dims(p) for p in range(self.topology.k)]
-        self.ar_dim = [next((s.dim for s in steps if s.op is Op.AR), None)
-                       for steps in self.schedule.stripes]
-        self.ag_in_switch = [{s.dim: bool(s.switch_share) for s in steps if s.op is Op.AG}
-                             for steps in self.schedule.stripes]
+        steps = [self.schedule.steps_of(p, engine.server) for p in range(self.topology.k)]
+        self.rs_dims = [self.schedule.rs_dims(p, engine.server) for p in range(self.topology.k)]
+        self.ar_dim = [next((s.dim for s in stripe if s.op is Op.AR), None) for stripe in steps]
+        self.ag_in_switch = [{s.dim: bool(s.switch_share) for s in stripe if s.op is Op.AG}
+                             for stripe in steps]
         self.stripe_starts = [self.layout.stripe(p)[0] for p in range(self.topology.k)]
 
     # --- helpers ------------------------------------------------------------------------
@@ -616,6 +673,8 @@ class _Call:
         self.acc[block] = values
         self.final[block] = True
         self.finals += 1
+        if self.finals == 1:
+            self.stats.first_result = time.monotonic()
         if self.progress is not None and self.finals % 1024 == 0:
             self.progress(self.finals, self.blocks)
         for j in range(self.depth(p, block)):
@@ -738,24 +797,35 @@ class _Call:
         for link in self.engine.links:
             owed = [c for (_p, level), c in self.channels.items()
                     if level == link.level and c.waiting()]
+            # Broadcast copies still missing come through this switch too (their repairs over
+            # TCP as well): wait for them the same way.
+            owed_copies = [p for p, j, _server in self.repairs if self.rs_dims[p][j] == link.level]
             # On a slow, saturated link a question and its answer wait in full queues: the
             # bounds grow with the answer times this NIC sees.
             rto = self.rto[link.level].value
-            if not owed or now - link.last_heard < max(SWITCH_SILENCE, 4 * rto):
+            if (not (owed or owed_copies)
+                    or now - link.last_heard < max(SWITCH_SILENCE, 4 * rto)):
                 continue
             deadline = max(SWITCH_DEADLINE, 3 * rto)
             if not link.asked:
                 link.asked, link.questions = now, 0
             elif now - link.asked > deadline:
-                waiting = "; ".join(f"{c.name}: {c.waiting()} slot(s) waiting" for c in owed)
-                raise TransportError(
-                    f"job {self.engine.job} server {self.engine.server}: switch "
-                    f"{link.switch_ip} (level {link.level}) stopped answering: nothing from it "
+                waiting = "; ".join([f"{c.name}: {c.waiting()} slot(s) waiting" for c in owed]
+                                    + [f"stripe {p}: broadcasts missing" for p in owed_copies])
+                topo = self.topology
+                switch = topo.switch_at(link.level, topo.switch_index(self.engine.server,
+                                                                      link.level))
+                raise PartFailed(
+                    f"job {self.engine.job} server {self.engine.server}: switch {switch.name} "
+                    f"({link.switch_ip}, level {link.level}) stopped answering: nothing from it "
                     f"for {now - link.last_heard:.1f} s, not even to a question whether it is "
-                    f"alive ({waiting}): it is down or cut off")
+                    f"alive ({waiting}): it is down or cut off",
+                    {(link.level, switch.index)})
             if now - link.asked >= link.questions * deadline / 4:  # four questions
                 link.questions += 1
-                link.send(generation_question(owed[0].job, owed[0].me))
+                stripe = owed[0].stripe if owed else owed_copies[0]
+                link.send(generation_question(stripe_job_id(self.engine.job, stripe),
+                                              self.me[link.level]))
 
     def _grace(self) -> float:
         return max(0.05, 3 * max(rto.value for rto in self.rto))
@@ -864,9 +934,12 @@ class _Call:
             self.progress(self.blocks, self.blocks)
 
     def _aborted(self, peer: Peer, payload: memoryview) -> None:
-        raise TransportError(
-            f"job {self.engine.job} server {self.engine.server}: server {peer.server} (level "
-            f"{peer.dim}) gave up on the call: {bytes(payload).decode(errors='replace')}")
+        reason, broken = abort_reason(payload)
+        message = (f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
+                   f"(level {peer.dim}) gave up on the call: {reason}")
+        if broken:
+            raise PartFailed(message, broken)
+        raise TransportError(message)
 
     def _check_open(self, peer: Peer) -> None:
         if peer.closed and not peer.done:

@@ -37,6 +37,15 @@ class MeshError(RuntimeError):
     pass
 
 
+def abort_reason(payload: bytes | memoryview) -> tuple[str, set[tuple[int, int]]]:
+    """(why, broken groups) of an ABORT's payload."""
+    try:
+        info = json.loads(bytes(payload))
+        return str(info["reason"]), {(int(level), int(index)) for level, index in info["broken"]}
+    except (ValueError, KeyError, TypeError):
+        return bytes(payload).decode(errors="replace"), set()
+
+
 class Kind(enum.IntEnum):
     HELLO = 1  # payload: JSON {job, server, dim}
     EXPONENTS = 2  # payload: JSON head + block exponents (the call's barrier)
@@ -45,7 +54,8 @@ class Kind(enum.IntEnum):
     SENT = 5  # I have broadcast all my blocks of (stripe, step) through the switch
     NEED = 6  # please re-send these reduced blocks (broadcast copies were lost)
     DONE = 7  # I have the whole result: I need nothing more from you this call
-    ABORT = 8  # I give up on this call; payload: why (UTF-8), so you can name the cause
+    ABORT = 8  # I give up on this call; payload: JSON {reason, broken}, so you can name the
+    # cause and, when it is a failed switch or link (broken: [[level, switch index]]), re-plan
 
 
 @dataclass
@@ -120,8 +130,13 @@ class Peer:
 class Mesh:
     """TCP connections of one worker of one job to all its BCube neighbours."""
 
-    def __init__(self, job: int, server: int, topology: Topology, start_timeout: float) -> None:
+    def __init__(self, job: int, server: int, topology: Topology, start_timeout: float,
+                 detours: dict[int, int] | None = None) -> None:
+        """``detours``: level -> the level whose NICs reach this server's neighbours on it
+        (their switch failed: the routes through relay servers, ``Topology.detour_routes``,
+        carry the connection)."""
         self.job, self.server, self.topology = job, server, topology
+        self.detours = dict(detours or {})
         self.peers: dict[tuple[int, int], Peer] = {}  # (dim, server) -> peer
         self._connect(start_timeout)
 
@@ -131,10 +146,13 @@ class Mesh:
     def all(self) -> list[Peer]:
         return list(self.peers.values())
 
-    def abort(self, call: int, reason: str, linger: float = 0.3) -> None:
+    def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
+              linger: float = 0.3) -> None:
         """Tell every neighbour still connected why this worker gives up on ``call``, so that
-        each names the cause rather than this worker's leaving (best effort, bounded)."""
-        payload = reason.encode()[:2000]
+        each names the cause rather than this worker's leaving, and which groups failed, so
+        that each re-plans the same way (best effort, bounded)."""
+        payload = json.dumps({"reason": reason[:2000],
+                              "broken": sorted(broken or ())}).encode()
         peers = [peer for peer in self.peers.values() if not peer.closed]
         for peer in peers:
             try:
@@ -207,7 +225,7 @@ class Mesh:
         topo, me = self.topology, self.server
         to_dial = [(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim) if s > me]
         expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
-        pending: dict[socket.socket, int] = {}  # accepted, hello not yet read -> dim
+        pending: dict[socket.socket, int] = {}  # accepted, hello not yet read -> its NIC
         deadline = time.monotonic() + timeout
         next_try = {key: 0.0 for key in to_dial}
         while set(self.peers) != expected:
@@ -220,11 +238,12 @@ class Mesh:
                     + ": are all the job's workers running?")
             for key in [k for k in to_dial if k not in self.peers and next_try[k] <= now]:
                 dim, other = key
+                via = self.detours.get(dim, dim)
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind((topo.nics(me)[dim].ip, 0))
+                sock.bind((topo.nics(me)[via].ip, 0))
                 sock.settimeout(max(0.05, min(1.0, deadline - now)))
                 try:
-                    sock.connect((topo.nics(other)[dim].ip, port))
+                    sock.connect((topo.nics(other)[via].ip, port))
                 except OSError:
                     sock.close()
                     next_try[key] = now + 0.05
@@ -240,13 +259,15 @@ class Mesh:
                         break
                     sock.setblocking(False)
                     pending[sock] = dim
-            for sock, dim in list(pending.items()):
+            for sock, via in list(pending.items()):
                 hello = self._read_hello(sock)
                 if hello is None:
                     continue
                 del pending[sock]
+                dim = hello.get("dim", -1)
                 key = (dim, hello.get("server", -1))
-                if hello.get("job") != self.job or hello.get("dim") != dim or key not in expected:
+                if (hello.get("job") != self.job or key not in expected
+                        or self.detours.get(dim, dim) != via):
                     sock.close()  # not one of this job's neighbours: refuse it
                     continue
                 self._adopt(sock, dim, key[1])

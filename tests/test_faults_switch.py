@@ -1,9 +1,12 @@
-"""A switch or a link fails mid-push: every worker stops within a bounded time with an error
-that names the switch or the NIC (not after its whole timeout), and once the fault is repaired
-(``bml-net restore``; the monitor re-provisions a restarted switch) the same job sums right.
+"""A switch or a link fails mid-push.
 
-Not yet: re-planning around the failed part over BCube's other paths (see the README's
-"Failures" section)."""
+On a BCube every worker re-plans around it within seconds: the failed group's level runs in
+the hosts over detours through relay servers (BCube's other paths), the push finishes with
+every sum right and prints the new plan and its recovery time; after the repair (``bml-net
+restore``; the monitor re-provisions a restarted switch) the next push uses the switch again.
+On a star there is no other path: every worker stops within a bounded time naming the switch
+or the NIC, and once the fault is repaired the same job sums right.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from control_plane.fabric import Fabric
 from emulation import net
 from emulation.workers import run_pushes, start_pushes, wait_for_progress, wait_pushes
 from tests.conftest import NETNS_REASON, emulation
+from tests.test_faults_control import TARGETS
 from tests.test_faults_worker import assert_correct, gradients, pushes
 
 pytestmark = [pytest.mark.netns,
@@ -31,13 +35,13 @@ def star4():
         yield state
 
 
-def wait_until_provisioned(state, job: int, timeout: float = 30.0) -> float:
+def wait_until_provisioned(state, job: int, timeout: float = 30.0, servers: int = 4) -> float:
     """Seconds until a push of ``job`` works again after a repair (the monitor notices the
     restarted switch and re-provisions it; until then a push is refused)."""
     started = time.monotonic()
-    grads = gradients(4, 2_000, 3)
+    grads = gradients(servers, 2_000, 3)
     while True:
-        results = run_pushes(state, job, pushes(grads, None), state.run_dir, 4,
+        results = run_pushes(state, job, pushes(grads, None), state.run_dir, servers,
                              ["--start-timeout", "2", "--timeout", "10"])
         if all(r.returncode == 0 for r in results):
             return time.monotonic() - started
@@ -55,7 +59,9 @@ def test_killed_switch_is_named_within_seconds_and_the_job_works_after_restore(s
     detected = time.monotonic() - failed
     for result in results:
         assert result.returncode == 2
-        assert "switch 10.1.255.1 (level 0) stopped answering" in result.stderr, result.stderr
+        assert "switch s0 (10.1.255.1, level 0) stopped answering" in result.stderr, \
+            result.stderr
+        assert "no re-planning around it: star:4 has one switch level" in result.stderr
         assert not result.output.exists()
     assert detected < 10, f"{detected:.1f} s to notice a dead switch"
     net.restore_switch(star4, "s0")
@@ -76,10 +82,73 @@ def test_nic_down_mid_push_is_named_and_the_job_works_after_restore(star4, tmp_p
     results = wait_pushes(running, TIMEOUT + 30)
     detected = time.monotonic() - failed
     assert [r.returncode for r in results] == [2, 2, 2, 2], "\n".join(r.stderr for r in results)
-    assert "switch 10.1.255.1 (level 0) stopped answering" in results[1].stderr
+    assert "switch s0 (10.1.255.1, level 0) stopped answering" in results[1].stderr
     errors = [r.stderr for r in results]
     assert all("1 (level 0)" in errors[i] for i in (0, 2, 3)), errors
     assert detected < 15 + 10, (f"{detected:.1f} s to notice the NIC down", errors)
     net.restore_link(star4, "h1", "eth0")
     grads = gradients(4, 100_003, 24)
     assert_correct(run_pushes(star4, JOB, pushes(grads, None), tmp_path, 4), grads)
+
+
+# --- BCube: re-planned around the failed part --------------------------------------------
+
+def replanned(results, cause: str, switch: str, servers: str) -> None:
+    """Every push finished, re-planned once, naming the cause and the failed group."""
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert result.figure("replans") == "1", result.stdout
+        assert cause in result.stdout, result.stdout
+        assert (f"switch {switch} failed: servers {servers} run level" in result.stdout), \
+            result.stdout
+        recovery = float(result.stdout.split("bml-host: recovery: ")[1].split()[0])
+        assert 0 < recovery < 15, result.stdout
+
+
+def fault_mid_push(state, job: int, schedule: str, tmp_path, inject, size: int = 1 << 20):
+    """Pushes by every server on every NIC; ``inject`` once a few thousand contributions are
+    in. Returns (results, gradients)."""
+    servers = state.topo().num_servers
+    grads = gradients(servers, size, 31)
+    running = start_pushes(state, job, pushes(grads, None), tmp_path, servers,
+                           ["--timeout", str(TIMEOUT), "--schedule", schedule])
+    wait_for_progress(state, 3000)
+    inject()
+    return wait_pushes(running, TIMEOUT + 30), grads
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, tmp_path):
+    """bcube:2,2 in-network: level-1 switch s1_0 (servers 0 and 2) is killed mid-push."""
+    with emulation(f"trs{target[0]}", "bcube:2,2", target=target) as state:
+        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "in-network")
+        size = 1 << 20 if target == "soft" else 1 << 17
+        results, grads = fault_mid_push(state, JOB, "in-network", tmp_path,
+                                        lambda: net.fail_switch(state, "s1_0"), size)
+        replanned(results, "switch s1_0 (10.2.255.1, level 1) stopped answering", "s1_0",
+                  "0, 2")
+        assert_correct(results, grads)
+        net.restore_switch(state, "s1_0")
+        wait_until_provisioned(state, JOB, servers=4)
+        grads = gradients(4, 100_003, 32)
+        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4)
+        assert_correct(results, grads)
+        assert all("replans" not in r.stdout for r in results)  # the switch is back in use
+
+
+def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
+    """bcube:3,2 mixed: server 4's level-0 NIC loses its carrier mid-push; its group (3, 4, 5)
+    runs level 0 in the hosts."""
+    with emulation("trl", "bcube:3,2") as state:
+        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "mixed")
+        results, grads = fault_mid_push(
+            state, JOB, "mixed", tmp_path,
+            lambda: net.fail_link(state, "h4", "eth0", end="switch"), size=300_000)
+        replanned(results, "switch s0_1 (10.1.255.2, level 0) stopped answering", "s0_1",
+                  "3, 4, 5")
+        assert_correct(results, grads)
+        net.restore_link(state, "h4", "eth0")
+        grads = gradients(9, 100_003, 33)
+        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 9)
+        assert_correct(results, grads)
+        assert all("replans" not in r.stdout for r in results)
