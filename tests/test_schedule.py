@@ -214,3 +214,51 @@ def test_scheduled_job_gives_every_switch_one_group_per_stripe():
         plan_scheduled_job(topo, 600)
     with pytest.raises(JobError, match="already set up"):
         plan_scheduled_job(topo, 7, existing=plan.groups)
+
+
+# --- degraded schedules: a failed group runs its level in the hosts, over detours -----------
+
+@pytest.mark.parametrize("spec,broken", [("bcube:2,2", (1, 0)), ("bcube:3,2", (0, 1)),
+                                         ("bcube:2,3", (2, 3))])
+@pytest.mark.parametrize("name", [IN_NETWORK, MIXED])
+def test_a_broken_group_runs_its_level_in_the_hosts_and_nothing_else_changes(spec, broken,
+                                                                            name):
+    topo = Topology.parse(spec)
+    healthy = make_schedule(topo, name)
+    schedule = healthy.degraded({broken})
+    level, index = broken
+    members = topo.switch_at(level, index).servers
+    healthy_layout, layout = Layout(healthy, 1009), Layout(schedule, 1009)
+    for server in range(topo.num_servers):
+        for p in range(topo.k):
+            steps = schedule.steps_of(p, server)
+            if server in members:
+                assert all(s.switch_share == 0 for s in steps if s.dim == level)
+                assert Op.AR not in [s.op for s in steps if s.dim == level]
+            else:
+                assert steps == healthy.stripes[p]
+            # what every server owns after the healthy plan's steps is the same: the groups
+            # that still use their switches meet the same pieces
+            depth = len(healthy.rs_dims(p))
+            assert layout.pieces(p, server)[:depth + 1] == healthy_layout.pieces(p, server)
+        if server in members:  # the failed switch carries nothing
+            nic = traffic(layout, server)[level]
+            assert nic.up.payload_blocks() == nic.down.payload_blocks() == 0
+            assert nic.up.stream_overhead == nic.down.stream_overhead == 0
+    for lvl in range(topo.k):  # every byte up into a level's switches comes down again
+        nics = [traffic(layout, s)[lvl] for s in range(topo.num_servers)]
+        assert (sum(n.up.stream + n.up.stream_overhead for n in nics)
+                == sum(n.down.stream + n.down.stream_overhead for n in nics))
+    assert schedule.code != healthy.code
+    assert cost_model.predict(schedule, 1 << 20, 10e6).gst > \
+        cost_model.predict(healthy, 1 << 20, 10e6).gst
+
+
+def test_re_planning_is_refused_where_there_is_no_other_path():
+    with pytest.raises(ScheduleError, match="no other path"):
+        make_schedule(Topology.parse("star:4"), IN_NETWORK).degraded({(0, 0)})
+    bcube = make_schedule(Topology.parse("bcube:3,2"), IN_NETWORK)
+    with pytest.raises(ScheduleError, match="s0_0 and s0_1 both failed"):
+        bcube.degraded({(0, 0), (0, 1)})
+    with pytest.raises(ScheduleError, match="both failed"):
+        bcube.degraded({(0, 0)}).degraded({(1, 2)})

@@ -109,3 +109,47 @@ def test_pools_never_overlap_and_run_out_clearly():
         plan_job(topo, 1, [0, 1], existing=first.groups)
     with pytest.raises(JobError, match="not in star:4"):
         plan_job(topo, 3, [0, 9])
+
+
+@pytest.mark.parametrize("spec", ["bcube:2,2", "bcube:3,2", "bcube:2,3", "bcube:3,3"])
+def test_detour_routes_take_every_failed_group_around_its_switch_in_three_hops(spec):
+    """Follow the host routes hop by hop, as the kernels would: from every member of a group
+    to every other, addressed on the detour level m, the packet goes to the sender's relay
+    (level m), to the receiver's relay (level l) and to the receiver (level m), never through
+    the group's own switch, and every hop is to a neighbour on a working switch."""
+    topo = Topology.parse(spec)
+    owner = {nic.ip: (nic.server, nic.level) for s in range(topo.num_servers)
+             for nic in topo.nics(s)}
+    routes = {s: {dest: (via, dev) for dest, via, dev in topo.detour_routes(s)}
+              for s in range(topo.num_servers)}
+    for switch in topo.switches:
+        level = switch.level
+        m = topo.detour_level(level)
+        for source in switch.servers:
+            for target in switch.servers:
+                if source == target:
+                    continue
+                destination = topo.nics(target)[m].ip
+                path, at = [source], source
+                while at != target:
+                    assert len(path) <= 4, path
+                    if destination in routes[at]:
+                        via, dev = routes[at][destination]
+                        after, hop_level = owner[via]
+                        assert dev == f"eth{hop_level}"
+                    else:  # on-link: the destination is on this server's level-m switch
+                        after, hop_level = target, m
+                    assert after in topo.neighbours(at, hop_level), (path, after)
+                    assert (hop_level, topo.switch_index(at, hop_level)) != (level,
+                                                                             switch.index)
+                    path.append(after)
+                    at = after
+                assert path == [source, topo.relay(source, level), topo.relay(target, level),
+                                target]
+
+
+def test_a_star_has_no_detour():
+    topo = Topology.parse("star:4")
+    assert topo.detour_routes(0) == []
+    with pytest.raises(TopologyError, match="no other path"):
+        topo.relay(0, 0)
