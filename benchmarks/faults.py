@@ -12,10 +12,18 @@ Two tables, printed and written to results/faults.{md,json}:
    losing its carrier, the controller killed. For each: how long until every survivor had
    stopped (detection), how long from the fault until a push of the same job works again with
    the fault repaired (recovery), that push's GST against the no-fault GST and against the
-   cost model's prediction, and whether every sum was right. There is no degraded plan yet:
-   a failed switch or link fails the push (named) and the job works after the repair.
+   cost model's prediction, and whether every sum was right. A star has no other path: a
+   failed switch or link fails the push (named) and the job works after the repair.
+3. **Re-planned** on BCubes (bcube:2,2 in-network, bcube:3,2 mixed; ``--bcube-rate``): a
+   level-0 switch killed, a level-1 NIC losing its carrier, mid-push. Every worker re-plans
+   (the failed group's level in the hosts over detours) and finishes: detection (the fault to
+   the last worker giving up on the old plan), recovery (to the last worker's first sum of the
+   new plan), the degraded attempt's GST against the no-fault push's and against the cost
+   model's prediction for the degraded plan, the sums, and after the repair the next push's
+   GST against the no-fault one (the switch is used again).
 
     python -m benchmarks.faults [--rate 20mbit] [--size 1M] [--skip-faults]
+                                [--bcube-rate 2mbit] [--bcube-size 256K] [--skip-replans]
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import numpy as np
 
 from benchmarks.common import parse_size, run_workers
 from bml import cost_model
-from bml.schedule import IN_NETWORK, make_schedule
+from bml.schedule import IN_NETWORK, MIXED, make_schedule
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits
@@ -149,11 +157,118 @@ def fault_row(state, fault: str, size: int, tmp: Path, baseline: float,
     return row
 
 
-def markdown(loss_rows: list[dict], fault_rows: list[dict], rate: str, size: int) -> str:
+REPLAN_CASES = (("bcube:2,2", IN_NETWORK), ("bcube:3,2", MIXED))
+REPLAN_NAME = "bfrp"
+
+
+def bcube_push(state, schedule: str, size: int, tmp: Path, seed: int, start: bool = False):
+    """Every server pushes on every NIC (``start``: returns the running pushes)."""
+    servers = state.topo().num_servers
+    rng = np.random.default_rng(seed)
+    grads = [rng.standard_normal(size).astype(np.float32) for _ in range(servers)]
+    args = (state, JOB, [Push(s, s, g, None) for s, g in enumerate(grads)], tmp, servers,
+            ["--timeout", "120", "--schedule", schedule])
+    if start:
+        return start_pushes(*args), grads
+    results = run_pushes(*args, timeout=150)
+    ok = all(r.returncode == 0 and check_sum(np.load(r.output), grads)[2] for r in results)
+    gst = max(float(r.figure("seconds")) for r in results) if ok else float("nan")
+    return gst, ok, results
+
+
+def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline: float,
+               rate: str) -> dict:
+    topo = state.topo()
+    if fault == "switch killed":
+        switch = topo.switch_at(0, topo.n ** (topo.k - 1) - 1)
+        where, broken = switch.name, (0, switch.index)
+    else:
+        server = 1
+        where, broken = f"h{server}:eth1", (1, topo.switch_index(server, 1))
+    (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
+    wait_for_progress(state, topo.num_servers * size // 64 // 4)
+    failed = time.monotonic()
+    if fault == "switch killed":
+        net.fail_switch(state, where)
+    else:
+        net.fail_link(state, f"h{server}", "eth1", end="switch")
+    results = wait_pushes(running, 200)
+    ok = all(r.returncode == 0 and check_sum(np.load(r.output), grads)[2] for r in results)
+    replanned = [r for r in results if r.returncode == 0 and "replans=" in r.stdout]
+    row = {"topology": topo.spec, "schedule": schedule, "fault": fault, "where": where,
+           "replanned": len(replanned), "workers": len(results), "correct": ok}
+    if replanned:
+        degraded = make_schedule(topo, schedule).degraded({broken})
+        predicted = cost_model.predict(degraded, size, rate_bits(rate)).gst
+        gst = max(float(r.figure("degraded_seconds")) for r in replanned)
+        row |= {"detection": max(float(r.figure("gave_up_at")) for r in replanned) - failed,
+                "recovery": max(float(r.figure("resumed_at")) for r in replanned) - failed,
+                "gst_degraded": gst, "vs_no_fault": gst / baseline, "predicted": predicted,
+                "vs_predicted": gst / predicted}
+    else:
+        print("\n".join(r.stderr[-600:] for r in results))
+    if fault == "switch killed":
+        net.restore_switch(state, where)
+    else:
+        net.restore_link(state, f"h{server}", "eth1")
+    while True:  # the repaired part used again (a restarted switch: once re-provisioned)
+        gst_after, after_ok, results = bcube_push(state, schedule, size, tmp, 5)
+        if after_ok or time.monotonic() - failed > 180:
+            break
+    row |= {"after_repair": gst_after / baseline,
+            "after_replans": sum("replans=" in r.stdout for r in results)}
+    print(f"  {topo.spec} {schedule:10s} {fault:13s} {where:8s}: {len(replanned)}/{len(results)} "
+          f"re-planned"
+          + (f", detection {row['detection']:.1f} s, recovery {row['recovery']:.1f} s, degraded "
+             f"GST {row['gst_degraded']:.2f} s ({row['vs_no_fault']:.2f}x no-fault, "
+             f"{row['vs_predicted']:.2f}x its prediction)" if replanned else "")
+          + f", {'correct' if ok else 'WRONG'}; after the repair {gst_after:.2f} s", flush=True)
+    return row
+
+
+def replan_table(rate: str, size: int, tmp: Path) -> list[dict]:
+    rows = []
+    for spec, schedule in REPLAN_CASES:
+        net.down(REPLAN_NAME)
+        state = net.up(REPLAN_NAME, spec, shaping=Shaping(rate, None, 0.0, 0.0))
+        try:
+            Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, schedule)
+            bcube_push(state, schedule, size, tmp, 1)  # warm-up (first-run costs)
+            baseline, ok, _ = bcube_push(state, schedule, size, tmp, 2)
+            print(f"  {spec} {schedule}: no-fault GST {baseline:.2f} s"
+                  f"{'' if ok else ' (WRONG sums)'}", flush=True)
+            for fault in ("switch killed", "NIC down"):
+                rows.append(replan_row(state, schedule, fault, size, tmp, baseline, rate)
+                            | {"no_fault": baseline})
+        finally:
+            net.down(REPLAN_NAME)
+    return rows
+
+
+def replan_markdown(rows: list[dict], rate: str, size: int) -> list[str]:
+    lines = ["", f"Re-planned (every link {rate}, {size} floats per push, every NIC):", "",
+             "| topology | schedule | fault | where | re-planned | detection s | recovery s "
+             "| degraded GST s | / no-fault | / predicted (degraded plan) | sums | next push "
+             "after repair / no-fault |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for r in rows:
+        figures = (f"{r['detection']:.1f} | {r['recovery']:.1f} | {r['gst_degraded']:.2f} | "
+                   f"{r['vs_no_fault']:.2f} | {r['vs_predicted']:.2f}" if "detection" in r
+                   else "n/a | n/a | n/a | n/a | n/a")
+        lines.append(f"| {r['topology']} | {r['schedule']} | {r['fault']} | {r['where']} | "
+                     f"{r['replanned']}/{r['workers']} | {figures} | "
+                     f"{'correct' if r['correct'] else 'WRONG'} | {r['after_repair']:.2f} |")
+    return lines
+
+
+def markdown(loss_rows: list[dict], fault_rows: list[dict], rate: str, size: int,
+             replan_rows: list[dict], bcube_rate: str, bcube_size: int) -> str:
     lines = [f"star:4, every link {rate} each way, {size} floats per push, in-network on every "
              "NIC (the default path)", "",
              "| loss each way | reordering | GST s | goodput Mbit/s | share of lossless | target "
              "| re-sends | sums |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    if not loss_rows:
+        lines = []
     for r in loss_rows:
         target = f">= {r['target']:.0%}" if r["target"] else ""
         lines.append(f"| {r['loss']:g}% | {r['reorder']:g}% | {r['gst']:.2f} | "
@@ -168,6 +283,8 @@ def markdown(loss_rows: list[dict], fault_rows: list[dict], rate: str, size: int
             lines.append(f"| {r['fault']} | {r['where']} | {r['stopped']} | {detection} | "
                          f"{r['recovery']:.1f} | {r['vs_no_fault']:.2f} | "
                          f"{r['vs_predicted']:.2f} | {'correct' if r['correct'] else 'WRONG'} |")
+    if replan_rows:
+        lines += replan_markdown(replan_rows, bcube_rate, bcube_size)
     return "\n".join(lines) + "\n"
 
 
@@ -176,36 +293,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", default="20mbit")
     parser.add_argument("--size", type=parse_size, default=parse_size("1M"))
     parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument("--bcube-rate", default="2mbit",
+                        help="link rate of the re-planning runs (9 workers on this machine's "
+                        "cores: higher rates measure the CPU)")
+    parser.add_argument("--bcube-size", type=parse_size, default=parse_size("256K"))
+    parser.add_argument("--skip-replans", action="store_true")
+    parser.add_argument("--only-replans", action="store_true")
     args = parser.parse_args(argv)
-    net.down(NAME)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    try:
-        state = net.up(NAME, "star:4", shaping=Shaping(args.rate, None, 0.0, 0.0))
-        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, IN_NETWORK)
-        with tempfile.TemporaryDirectory() as tmp:
-            print(f"loss and reordering, star:4, {args.rate} links, {args.size} floats:")
-            loss_rows = loss_table(state, args.size, args.rate, Path(tmp))
-            fault_rows = []
-            if not args.skip_faults:
-                baseline = loss_rows[0]["gst"]
-                predicted = cost_model.predict(make_schedule(state.topo(), IN_NETWORK),
-                                               args.size, rate_bits(args.rate)).gst
-                print(f"faults (no-fault GST {baseline:.2f} s, predicted {predicted:.2f} s):")
-                for fault in ("worker killed", "worker frozen", "switch killed", "NIC down",
-                              "controller killed"):
-                    fault_rows.append(fault_row(state, fault, args.size, Path(tmp), baseline,
-                                                predicted))
-    finally:
-        net.down(NAME)
-    text = markdown(loss_rows, fault_rows, args.rate, args.size)
+    loss_rows: list[dict] = []
+    fault_rows: list[dict] = []
+    replan_rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.only_replans:
+            net.down(NAME)
+            try:
+                state = net.up(NAME, "star:4", shaping=Shaping(args.rate, None, 0.0, 0.0))
+                Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, IN_NETWORK)
+                print(f"loss and reordering, star:4, {args.rate} links, {args.size} floats:")
+                loss_rows = loss_table(state, args.size, args.rate, Path(tmp))
+                if not args.skip_faults:
+                    baseline = loss_rows[0]["gst"]
+                    predicted = cost_model.predict(make_schedule(state.topo(), IN_NETWORK),
+                                                   args.size, rate_bits(args.rate)).gst
+                    print(f"faults (no-fault GST {baseline:.2f} s, predicted {predicted:.2f} "
+                          "s):")
+                    for fault in ("worker killed", "worker frozen", "switch killed",
+                                  "NIC down", "controller killed"):
+                        fault_rows.append(fault_row(state, fault, args.size, Path(tmp),
+                                                    baseline, predicted))
+            finally:
+                net.down(NAME)
+        if not (args.skip_replans or args.skip_faults):
+            print(f"re-planned around a failed switch or link ({args.bcube_rate} links, "
+                  f"{args.bcube_size} floats):")
+            replan_rows = replan_table(args.bcube_rate, args.bcube_size, Path(tmp))
+    text = markdown(loss_rows, fault_rows, args.rate, args.size, replan_rows, args.bcube_rate,
+                    args.bcube_size)
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "faults.md").write_text(text)
-    (RESULTS / "faults.json").write_text(json.dumps({"loss": loss_rows, "faults": fault_rows},
-                                                    indent=1))
+    (RESULTS / "faults.json").write_text(json.dumps(
+        {"loss": loss_rows, "faults": fault_rows, "replans": replan_rows}, indent=1))
     met = all(r["share"] >= r["target"] for r in loss_rows if r["target"])
-    return 0 if met and all(r["correct"] for r in loss_rows + fault_rows) else 1
-
+    correct = all(r["correct"] for r in loss_rows + fault_rows + replan_rows)
+    return 0 if met and correct else 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
                   "old plan to the first sum of the new one; the new plan:\n  "
                   + "\n  ".join(replan.schedule))
-        if stats.replans:
-            counts += f" replans={len(stats.replans)}"
+        if stats.replans:  # times on CLOCK_MONOTONIC, which every namespace shares
+            counts += (f" replans={len(stats.replans)} degraded_seconds="
+                       f"{stats.attempt_seconds:.3f} gave_up_at={stats.replans[0].gave_up_at:.3f}"
+                       f" resumed_at={stats.replans[-1].resumed_at:.3f}")
     else:
         counts = f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET}"
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "

@@ -98,7 +98,12 @@ class Replan:
 
     cause: str
     schedule: list[str]  # the degraded schedule's description
-    recovery_seconds: float = 0.0  # from giving up on the failed plan to the first new result
+    gave_up_at: float  # time.monotonic() when this worker gave up on the failed plan
+    resumed_at: float = 0.0  # ... and when the new plan gave it its first whole block
+
+    @property
+    def recovery_seconds(self) -> float:
+        return self.resumed_at - self.gave_up_at
 
 
 @dataclass
@@ -112,6 +117,7 @@ class EngineStats:
     exponent_seconds: float = 0.0
     first_result: float = 0.0  # monotonic time of the first whole block
     replans: list[Replan] = field(default_factory=list)
+    attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)
 
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
@@ -351,17 +357,20 @@ class Engine:
                 result, stats = call.run(generation)
             except PartFailed as exc:
                 self.mesh.abort(call.tag, str(exc), exc.broken)
-                failed_at = time.monotonic()
+                gave_up_at = time.monotonic()
+                if replans:
+                    replans[-1].resumed_at = call.stats.first_result or gave_up_at
                 self._replan(exc)
-                replans.append(Replan(str(exc), self.schedule.describe(), failed_at))
+                replans.append(Replan(str(exc), self.schedule.describe(), gave_up_at))
                 continue
             except (MeshError, TransportError) as exc:
                 self.mesh.abort(call.tag, str(exc))  # relayed, so every worker names the cause
                 raise TransportError(str(exc)) from None
             self.generation = call.generation
-            for replan in replans:  # recovery_seconds held the failure's time until now
-                replan.recovery_seconds = stats.first_result - replan.recovery_seconds
+            if replans:
+                replans[-1].resumed_at = stats.first_result
             stats.replans = replans
+            stats.attempt_seconds = stats.seconds
             stats.seconds = time.monotonic() - started  # failed attempts included
             return result, stats
 
