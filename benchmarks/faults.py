@@ -332,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.bcube_size)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "faults.md").write_text(text)
-    (RESULTS / "faults.json").write_text(json.dumps(
+    stem = "faults-replans" if args.only_replans else "faults"  # a part run keeps the whole
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"loss": loss_rows, "faults": fault_rows, "replans": replan_rows}, indent=1))
     met = all(r["share"] >= r["target"] for r in loss_rows if r["target"])
     correct = all(r["correct"] for r in loss_rows + fault_rows + replan_rows)
