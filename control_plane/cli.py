@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p_add.add_argument("--pool", type=int, default=None, help="slots per switch and stripe "
                        f"(default {DEFAULT_WINDOW} for --servers all, else "
                        f"{DEFAULT_POOL_SIZE})")
+    p_add.add_argument("--elastic", action="store_true",
+                       help="with --servers all on a star: when a worker leaves mid-call the "
+                            "others finish without it and go on as a smaller job")
     p_add.add_argument("--to-owner", action="store_true",
                        help="with a server list: results to the chunk's owner "
                             "(reduce-scatter) instead of all")
@@ -130,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             with locked(args.fabric) as fabric:
                 if args.command == "job-add" and args.servers is None:
                     plan = fabric.add_scheduled_job(args.job, args.schedule,
-                                                    args.pool or DEFAULT_WINDOW)
+                                                    args.pool or DEFAULT_WINDOW, args.elastic)
                     switches = sorted({g.switch for g in plan.groups})
                     print(f"bml-ctl: job {plan.job_id} set up on all {len(switches)} switches "
-                          f"({fabric.topo.k} stripe(s) each), schedule {args.schedule}")
+                          f"({fabric.topo.k} stripe(s) each), schedule {args.schedule}"
+                          + (", elastic" if plan.elastic else ""))
                 elif args.command == "job-add":
+                    if args.elastic:
+                        raise JobError("--elastic is for a job on every server (--servers all)")
                     mode = ResultMode.TO_OWNER if args.to_owner else ResultMode.MULTICAST
                     plan = fabric.add_job(args.job, args.servers, args.level,
                                           args.pool or DEFAULT_POOL_SIZE, mode)

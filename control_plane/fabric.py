@@ -75,11 +75,11 @@ class Fabric:
                                       result_mode))
 
     def add_scheduled_job(self, job_id: int, schedule: str = "auto",
-                          pool_size: int = DEFAULT_WINDOW) -> JobPlan:
+                          pool_size: int = DEFAULT_WINDOW, elastic: bool = False) -> JobPlan:
         """A job over every server, run by a schedule on all NICs (``plan_scheduled_job``)."""
         existing = [g for plan in self.plans() for g in plan.groups]
         return self._install(plan_scheduled_job(self.topo, job_id, schedule, pool_size,
-                                                existing))
+                                                existing, elastic))
 
     def job(self, job_id: int) -> JobPlan | None:
         data = self.jobs.get(str(job_id))

@@ -61,16 +61,18 @@ class JobPlan:
     level: int  # the one aggregating level of a single-level job; -1 for a scheduled job
     groups: list[AggregationGroup] = field(default_factory=list)
     schedule: str | None = None  # a scheduled job's default schedule (auto or a name)
+    elastic: bool = False  # its workers go on without one that leaves (a star's job)
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "servers": list(self.servers), "level": self.level,
-                "groups": [g.to_json() for g in self.groups], "schedule": self.schedule}
+                "groups": [g.to_json() for g in self.groups], "schedule": self.schedule,
+                "elastic": self.elastic}
 
     @classmethod
     def from_json(cls, data: dict) -> JobPlan:
         return cls(data["job_id"], tuple(data["servers"]), data["level"],
                    [AggregationGroup.from_json(g) for g in data["groups"]],
-                   data.get("schedule"))
+                   data.get("schedule"), bool(data.get("elastic", False)))
 
 
 def allocate_pool(size: int, taken: list[AggregationGroup]) -> int:
@@ -130,7 +132,8 @@ def plan_job(topology: Topology, job_id: int, servers: list[int], level: int = 0
 
 def plan_scheduled_job(topology: Topology, job_id: int, schedule: str = AUTO,
                        pool_size: int = DEFAULT_WINDOW,
-                       existing: list[AggregationGroup] | None = None) -> JobPlan:
+                       existing: list[AggregationGroup] | None = None,
+                       elastic: bool = False) -> JobPlan:
     """A job over every server of the topology, run by a schedule on all NICs.
 
     Every switch gets one group per stripe (switch job id ``stripe_job_id(job, p)``): results
@@ -156,7 +159,11 @@ def plan_scheduled_job(topology: Topology, job_id: int, schedule: str = AUTO,
                        " are taken)")
     if topology.n > MAX_WORKERS:
         raise JobError(f"{topology.n} servers per switch; a slot's bitmap holds {MAX_WORKERS}")
-    plan = JobPlan(job_id, tuple(range(topology.num_servers)), -1, schedule=schedule)
+    if elastic and topology.k != 1:
+        raise JobError(f"an elastic job shrinks to its survivors on a star only ({topology.spec}"
+                       " is a BCube)")
+    plan = JobPlan(job_id, tuple(range(topology.num_servers)), -1, schedule=schedule,
+                   elastic=elastic)
     modes = switch_modes(topology)
     planned: list[AggregationGroup] = []
     for sw in topology.switches:

@@ -94,14 +94,16 @@ class Worker:
 
     Without ``interface``: every NIC of this server, the job's schedule (``schedule`` =
     auto, in-network, host-based or mixed overrides it); ``rank`` and ``world``, if given,
-    must be this server's number and the topology's server count. With ``interface``: that
-    NIC's switch only, as worker ``rank`` of ``world``."""
+    must be this server's number and the topology's server count; ``elastic`` (default: as
+    the job was set up, when its fabric file is readable here) goes on without a worker that
+    leaves mid-call, on a star. With ``interface``: that NIC's switch only, as worker ``rank``
+    of ``world``."""
 
     def __init__(self, job: int, rank: int | None = None, world: int | None = None,
                  interface: str | None = None, switch: str | None = None,
                  local_ip: str | None = None, window: int = 256, timeout: float = 60.0,
                  start_timeout: float = 10.0, schedule: str | None = None,
-                 fabric: str | None = None) -> None:
+                 fabric: str | None = None, elastic: bool | None = None) -> None:
         self.schedule: Schedule | None = None
         self.engine: Engine | None = None
         self.transport: AggregationTransport | None = None
@@ -109,6 +111,9 @@ class Worker:
         if interface is not None or switch is not None or local_ip is not None:
             if rank is None or world is None:
                 raise ValueError("one NIC (--interface) needs --rank and --world")
+            if elastic:
+                raise ValueError("--elastic needs every NIC (the job's schedule), not "
+                                 "--interface")
             if not 0 <= rank < world:
                 raise ValueError(f"rank {rank} is not in 0..{world - 1}")
             interface = interface or "eth0"
@@ -136,11 +141,17 @@ class Worker:
                 raise ValueError(f"--rank {rank}, but this is server {server} of "
                                  f"{topology.spec}")
             self.schedule = resolve_schedule(topology, schedule, job, fabric)
+            if elastic is None:
+                plan = recorded_job(fabric, job)
+                elastic = plan is not None and plan.elastic
+            if elastic and topology.k != 1:
+                raise ValueError(f"--elastic shrinks a job on a star only ({topology.spec} is "
+                                 "a BCube, where a failed part is re-planned around instead)")
             check_window(fabric, job, window)
             self.interfaces = [nic.interface for nic in nics]
             self.engine = Engine(job, server, topology, self.schedule,
                                  [(nic.ip, nic.switch_ip) for nic in nics], window, timeout,
-                                 start_timeout)
+                                 start_timeout, elastic)
         self.last_stats: Stats | EngineStats = Stats()
         self.last_nic_bytes: list[tuple[int, int]] = []
 

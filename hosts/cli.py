@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--switch", help="with --interface: the switch address (default: "
                       "found on the interface)")
     push.add_argument("--window", type=int, default=256, help="slots in flight")
+    push.add_argument("--elastic", action="store_true", default=None,
+                      help="on a star: if a worker leaves mid-push, finish with the others "
+                           "(default: as the job was set up, bml-ctl job-add --elastic)")
     push.add_argument("--timeout", type=float, default=60.0, help="bound on the whole push (s)")
     push.add_argument("--start-timeout", type=float, default=10.0,
                       help="bound on the first answer, i.e. on all workers starting (s)")
@@ -71,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         with Worker(args.job, args.rank, args.world, args.interface, args.switch,
                     window=args.window, timeout=args.timeout,
                     start_timeout=args.start_timeout, schedule=args.schedule,
-                    fabric=args.fabric) as worker:
+                    fabric=args.fabric, elastic=args.elastic) as worker:
             total = worker.allreduce(gradient, ProgressBar(sys.stderr.isatty()))
             stats = worker.last_stats
             nic_bytes = ",".join(f"{name}:{tx}/{rx}" for name, (tx, rx)
                                  in zip(worker.interfaces, worker.last_nic_bytes, strict=True))
             schedule = worker.schedule_name
-            rank = args.rank if worker.engine is None else worker.engine.server
+            rank = args.rank if worker.engine is None else worker.engine.home
+            survivors = (None if worker.engine is None or len(worker.engine.members)
+                         == worker.engine.whole.num_servers else worker.engine.members)
         np.save(args.out, total)
     except (GradientError, TransportError, ValueError) as exc:
         print(f"bml-host: error: {exc}", file=sys.stderr)
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
                   "old plan to the first sum of the new one; the new plan:\n  "
                   + "\n  ".join(replan.schedule))
+        if survivors is not None:
+            counts += f" summed_over={','.join(map(str, survivors))}"
         if stats.replans:  # times on CLOCK_MONOTONIC, which every namespace shares
             counts += (f" replans={len(stats.replans)} degraded_seconds="
                        f"{stats.attempt_seconds:.3f} gave_up_at={stats.replans[0].gave_up_at:.3f}"

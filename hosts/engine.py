@@ -52,6 +52,7 @@ from bml.protocol import (
     newer_generation,
 )
 from bml.schedule import (
+    HOST_BASED,
     MESSAGE_BLOCKS,
     STRIPE_JOB_STRIDE,
     Group,
@@ -62,6 +63,7 @@ from bml.schedule import (
     ScheduleError,
     channel_window,
     length,
+    make_schedule,
     split,
     stripe_job_id,
 )
@@ -90,6 +92,15 @@ class PartFailed(TransportError):
     def __init__(self, message: str, broken: set[Group]) -> None:
         super().__init__(message)
         self.broken = set(broken)
+
+
+class WorkerLost(TransportError):
+    """A neighbour left mid-call (its connection closed): an elastic job goes on without the
+    ``lost`` servers; any other fails the call naming them."""
+
+    def __init__(self, message: str, lost: set[int]) -> None:
+        super().__init__(message)
+        self.lost = set(lost)
 
 
 @dataclass
@@ -290,9 +301,15 @@ class Engine:
 
     def __init__(self, job: int, server: int, topology: Topology, schedule: Schedule,
                  nics: list[tuple[str, str]], window: int = 256, timeout: float = 60.0,
-                 start_timeout: float = 10.0) -> None:
-        """``nics``: (own address, switch address) per level."""
+                 start_timeout: float = 10.0, elastic: bool = False) -> None:
+        """``nics``: (own address, switch address) per level. ``elastic``: on a star, when a
+        worker leaves mid-call the others go on without it (``_shrink``)."""
         self.job, self.server, self.topology, self.schedule = job, server, topology, schedule
+        self.elastic = elastic
+        # The job's servers; after a shrink, ``topology`` is a star of the survivors, and
+        # ``server`` this worker's position in ``members``.
+        self.whole = topology
+        self.members = list(range(topology.num_servers))
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.calls = 0
         # The last call's generation if it ended well; None: ask the switches (a fresh worker,
@@ -325,10 +342,27 @@ class Engine:
         """The mesh to the neighbours, over detours on the levels the schedule has broken."""
         detours = {level: self.topology.detour_level(level) for level in range(self.topology.k)
                    if self.schedule.is_broken(self.server, level)}
+        addresses = [tuple(nic.ip for nic in self.whole.nics(m)) for m in self.members]
         try:
-            return Mesh(self.job, self.server, self.topology, self.start_timeout, detours)
+            return Mesh(self.job, self.server, self.topology, self.start_timeout, detours,
+                        addresses)
         except MeshError as exc:
             raise TransportError(str(exc)) from None
+
+    @property
+    def home(self) -> int:
+        """This worker's server number in the job's topology."""
+        return self.members[self.server]
+
+    def home_of(self, peer: Peer) -> int:
+        return self.members[peer.server]
+
+    @property
+    def plan_code(self) -> str:
+        """What every worker of a call must agree on: the schedule and who takes part."""
+        if len(self.members) == self.whole.num_servers:
+            return self.schedule.code
+        return f"{self.schedule.code}:servers={','.join(map(str, self.members))}"
 
     def close(self) -> None:
         for link in self.links:
@@ -363,6 +397,17 @@ class Engine:
                 self._replan(exc)
                 replans.append(Replan(str(exc), self.schedule.describe(), gave_up_at))
                 continue
+            except WorkerLost as exc:
+                self.mesh.abort(call.tag, str(exc), lost=exc.lost)
+                if not self.elastic:
+                    raise TransportError(str(exc)) from None
+                gave_up_at = time.monotonic()
+                self._shrink(exc)
+                survivors = (f"servers {', '.join(map(str, self.members))} go on without "
+                             f"{', '.join(map(str, sorted(exc.lost)))} (elastic)")
+                replans.append(Replan(str(exc), [*self.schedule.describe(), survivors],
+                                      gave_up_at))
+                continue
             except (MeshError, TransportError) as exc:
                 self.mesh.abort(call.tag, str(exc))  # relayed, so every worker names the cause
                 raise TransportError(str(exc)) from None
@@ -373,6 +418,24 @@ class Engine:
             stats.attempt_seconds = stats.seconds
             stats.seconds = time.monotonic() - started  # failed attempts included
             return result, stats
+
+    def _shrink(self, loss: WorkerLost) -> None:
+        """Go on with the survivors: a star of them, host-based (the switch's job still
+        counts the whole membership, and only the control plane could change that), over
+        the same NICs."""
+        if self.whole.k != 1:
+            raise TransportError(f"{loss}; an elastic job shrinks on a star only "
+                                 f"({self.whole.spec} is a BCube)")
+        members = [m for m in self.members if m not in loss.lost]
+        if len(members) < 2 or self.home not in members:
+            raise TransportError(f"{loss}; fewer than two workers are left")
+        home = self.home
+        self.mesh.close(linger=1.0)
+        self.members = members
+        self.topology = Topology(len(members), 1, "star")
+        self.server = members.index(home)
+        self.schedule = make_schedule(self.topology, HOST_BASED)
+        self.mesh = self._connect()
 
     def _replan(self, failure: PartFailed) -> None:
         """Go on without the failed groups: a degraded schedule and a mesh over detours."""
@@ -404,7 +467,7 @@ class Engine:
             if now > deadline:
                 level, job = min(waiting)
                 raise TransportError(
-                    f"job {self.job} server {self.server}: switch {self.links[level].switch_ip}"
+                    f"job {self.job} server {self.home}: switch {self.links[level].switch_ip}"
                     f" (level {level}) did not answer for switch job {job} within "
                     f"{self.start_timeout:g} s: is the switch up, and is job {self.job} set up "
                     "on it (bml-ctl job-add --servers all)?")
@@ -499,7 +562,7 @@ class _Call:
         newest of the generations they propose: the call's (``self.generation``)."""
         exponents = own.astype(np.uint8)
         lengths = [self.length, self.length]
-        codes = {self.schedule.code}
+        codes = {self.engine.plan_code}
         deadline = time.monotonic() + self.engine.timeout
         for peer in self.engine.mesh.all():
             peer.done = False
@@ -513,7 +576,7 @@ class _Call:
             got: dict[int, tuple[dict, np.ndarray]] = {}
             while len(got) < len(peers):
                 self._wait(peers, deadline, f"the exponent exchange on level {dim}",
-                           [p.server for p in peers if p.server not in got])
+                           [self.engine.home_of(p) for p in peers if p.server not in got])
                 for peer in peers:
                     if peer.server in got:
                         continue
@@ -521,7 +584,8 @@ class _Call:
                         if kind == Kind.ABORT:
                             self._aborted(peer, payload)
                         if kind != Kind.EXPONENTS or step != dim:
-                            raise TransportError(f"server {peer.server} sent {Kind(kind).name}"
+                            raise TransportError(f"server {self.engine.home_of(peer)} sent "
+                                                 f"{Kind(kind).name}"
                                                  " during the exponent exchange: it runs "
                                                  "another call or another version")
                         info = json.loads(bytes(payload[:start]))
@@ -551,7 +615,7 @@ class _Call:
     def _wait(self, peers: list[Peer], deadline: float, what: str, missing: list[int]) -> None:
         if time.monotonic() > deadline:
             raise TransportError(
-                f"job {self.engine.job} server {self.engine.server}: no answer in {what} from "
+                f"job {self.engine.job} server {self.engine.home}: no answer in {what} from "
                 f"server(s) {', '.join(map(str, missing))} within {self.engine.timeout:g} s: "
                 "are all the job's workers running?")
         poll = select.poll()
@@ -564,9 +628,9 @@ class _Call:
             peer.flush()
             peer.fill()
             if peer.closed and not peer.inbox:
-                raise TransportError(f"job {self.engine.job}: server {peer.server} (level "
-                                     f"{peer.dim}) closed its connection during {what}: it "
-                                     "stopped")
+                raise WorkerLost(f"job {self.engine.job}: server {self.engine.home_of(peer)} "
+                                 f"(level {peer.dim}) closed its connection during {what}: it "
+                                 "stopped", {self.engine.home_of(peer)})
 
     # --- set-up of the steps -------------------------------------------------------------
     def _prepare(self) -> None:
@@ -735,7 +799,7 @@ class _Call:
         if ptype == PacketType.GENERATION:
             if newer_generation(generation, self.generation):
                 raise TransportError(
-                    f"job {self.engine.job} server {self.engine.server}: switch "
+                    f"job {self.engine.job} server {self.engine.home}: switch "
                     f"{self.engine.links[level].switch_ip} (level {level}) has stripe {p}'s job "
                     f"at generation {generation}, newer than this call's {self.generation}: "
                     "another run of this job started there, so this call is abandoned")
@@ -825,7 +889,7 @@ class _Call:
                 switch = topo.switch_at(link.level, topo.switch_index(self.engine.server,
                                                                       link.level))
                 raise PartFailed(
-                    f"job {self.engine.job} server {self.engine.server}: switch {switch.name} "
+                    f"job {self.engine.job} server {self.engine.home}: switch {switch.name} "
                     f"({link.switch_ip}, level {link.level}) stopped answering: nothing from it "
                     f"for {now - link.last_heard:.1f} s, not even to a question whether it is "
                     f"alive ({waiting}): it is down or cut off",
@@ -943,27 +1007,30 @@ class _Call:
             self.progress(self.blocks, self.blocks)
 
     def _aborted(self, peer: Peer, payload: memoryview) -> None:
-        reason, broken = abort_reason(payload)
-        message = (f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
-                   f"(level {peer.dim}) gave up on the call: {reason}")
+        reason, broken, lost = abort_reason(payload)
+        message = (f"job {self.engine.job} server {self.engine.home}: server "
+                   f"{self.engine.home_of(peer)} (level {peer.dim}) gave up on the call: {reason}")
         if broken:
             raise PartFailed(message, broken)
+        if lost:
+            raise WorkerLost(message, lost)
         raise TransportError(message)
 
     def _check_open(self, peer: Peer) -> None:
         if peer.closed and not peer.done:
-            raise TransportError(
-                f"job {self.engine.job} server {self.engine.server}: server {peer.server} "
+            gone = self.engine.home_of(peer)
+            raise WorkerLost(
+                f"job {self.engine.job} server {self.engine.home}: server {gone} "
                 f"(level {peer.dim}) closed its connection mid-call: it stopped "
-                f"({self.blocks - self.finals} of {self.blocks} blocks missing)")
+                f"({self.blocks - self.finals} of {self.blocks} blocks missing)", {gone})
 
     def _fail(self, waited: float) -> None:
         engine = self.engine
         stuck = [f"{c.name}: {c.waiting()} slot(s) waiting for switch {c.nic.switch_ip}"
                  for c in self.channels.values() if not c.done and c.waiting()]
-        silent = [f"{p.server} (level {p.dim})" for p in engine.mesh.all() if not p.done]
+        silent = [f"{engine.home_of(p)} (level {p.dim})" for p in engine.mesh.all() if not p.done]
         raise TransportError(
-            f"job {engine.job} server {engine.server}: {self.blocks - self.finals} of "
+            f"job {engine.job} server {engine.home}: {self.blocks - self.finals} of "
             f"{self.blocks} blocks still missing after {waited:.1f} s"
             + (f"; {'; '.join(stuck)}" if stuck else "")
             + (f"; no DONE yet from server(s) {', '.join(silent)}" if silent else "")

@@ -37,13 +37,15 @@ class MeshError(RuntimeError):
     pass
 
 
-def abort_reason(payload: bytes | memoryview) -> tuple[str, set[tuple[int, int]]]:
-    """(why, broken groups) of an ABORT's payload."""
+def abort_reason(payload: bytes | memoryview) -> tuple[str, set[tuple[int, int]], set[int]]:
+    """(why, broken groups, servers that left) of an ABORT's payload."""
     try:
         info = json.loads(bytes(payload))
-        return str(info["reason"]), {(int(level), int(index)) for level, index in info["broken"]}
+        return (str(info["reason"]),
+                {(int(level), int(index)) for level, index in info["broken"]},
+                {int(server) for server in info.get("lost", ())})
     except (ValueError, KeyError, TypeError):
-        return bytes(payload).decode(errors="replace"), set()
+        return bytes(payload).decode(errors="replace"), set(), set()
 
 
 class Kind(enum.IntEnum):
@@ -54,8 +56,9 @@ class Kind(enum.IntEnum):
     SENT = 5  # I have broadcast all my blocks of (stripe, step) through the switch
     NEED = 6  # please re-send these reduced blocks (broadcast copies were lost)
     DONE = 7  # I have the whole result: I need nothing more from you this call
-    ABORT = 8  # I give up on this call; payload: JSON {reason, broken}, so you can name the
-    # cause and, when it is a failed switch or link (broken: [[level, switch index]]), re-plan
+    ABORT = 8  # I give up on this call; payload: JSON {reason, broken, lost}, so you can name the
+    # cause and re-plan alike: broken: [[level, switch index]] of a failed switch or link, lost:
+    # [server] of workers that left (an elastic job goes on without them)
 
 
 @dataclass
@@ -131,12 +134,16 @@ class Mesh:
     """TCP connections of one worker of one job to all its BCube neighbours."""
 
     def __init__(self, job: int, server: int, topology: Topology, start_timeout: float,
-                 detours: dict[int, int] | None = None) -> None:
+                 detours: dict[int, int] | None = None,
+                 addresses: list[tuple[str, ...]] | None = None) -> None:
         """``detours``: level -> the level whose NICs reach this server's neighbours on it
         (their switch failed: the routes through relay servers, ``Topology.detour_routes``,
-        carry the connection)."""
+        carry the connection). ``addresses``: per server of ``topology``, its NICs'
+        addresses, when they are not the topology's own (a job shrunk to its survivors)."""
         self.job, self.server, self.topology = job, server, topology
         self.detours = dict(detours or {})
+        self.addresses = addresses or [tuple(nic.ip for nic in topology.nics(s))
+                                       for s in range(topology.num_servers)]
         self.peers: dict[tuple[int, int], Peer] = {}  # (dim, server) -> peer
         self._connect(start_timeout)
 
@@ -147,12 +154,12 @@ class Mesh:
         return list(self.peers.values())
 
     def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
-              linger: float = 0.3) -> None:
+              lost: set[int] | None = None, linger: float = 0.3) -> None:
         """Tell every neighbour still connected why this worker gives up on ``call``, so that
-        each names the cause rather than this worker's leaving, and which groups failed, so
-        that each re-plans the same way (best effort, bounded)."""
-        payload = json.dumps({"reason": reason[:2000],
-                              "broken": sorted(broken or ())}).encode()
+        each names the cause rather than this worker's leaving, and which groups failed or
+        which servers left, so that each re-plans the same way (best effort, bounded)."""
+        payload = json.dumps({"reason": reason[:2000], "broken": sorted(broken or ()),
+                              "lost": sorted(lost or ())}).encode()
         peers = [peer for peer in self.peers.values() if not peer.closed]
         for peer in peers:
             try:
@@ -208,9 +215,9 @@ class Mesh:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    listener.bind((topo.nics(me)[dim].ip, port))
+                    listener.bind((self.addresses[me][dim], port))
                 except OSError as exc:
-                    raise MeshError(f"cannot listen on {topo.nics(me)[dim].ip}:{port} for job "
+                    raise MeshError(f"cannot listen on {self.addresses[me][dim]}:{port} for job "
                                     f"{self.job}: {exc} (is another worker of this job "
                                     "running on this server?)") from None
                 listener.listen(64)
@@ -240,10 +247,10 @@ class Mesh:
                 dim, other = key
                 via = self.detours.get(dim, dim)
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind((topo.nics(me)[via].ip, 0))
+                sock.bind((self.addresses[me][via], 0))
                 sock.settimeout(max(0.05, min(1.0, deadline - now)))
                 try:
-                    sock.connect((topo.nics(other)[via].ip, port))
+                    sock.connect((self.addresses[other][via], port))
                 except OSError:
                     sock.close()
                     next_try[key] = now + 0.05

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from control_plane.fabric import Fabric
+from control_plane.p4info import REPO_ROOT
 from emulation.netns import Shaping
 from emulation.workers import (
     Push,
@@ -28,6 +31,7 @@ pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")]
 
 ALL_NICS, ONE_NIC = 31, 32  # the star's two jobs: every NIC (the engine), --interface eth0
+ELASTIC = 33  # every NIC, set up to shrink to its survivors
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,7 @@ def star4():
         fabric = Fabric.load(state.run_dir / "fabric.json")
         fabric.add_scheduled_job(ALL_NICS, "in-network")
         fabric.add_job(ONE_NIC, [0, 1, 2, 3])
+        fabric.add_scheduled_job(ELASTIC, "in-network", elastic=True)
         yield state
 
 
@@ -92,6 +97,60 @@ def test_killed_worker_stops_the_others_and_the_job_works_again(star4, tmp_path,
     assert waited < 6 + 20  # within the timeout (and start-up), never a hang
     grads = gradients(4, 100_003, 8)
     assert_correct(run_pushes(star4, job, pushes(grads, interface), tmp_path, 4), grads)
+
+
+def test_elastic_job_finishes_without_a_killed_worker_and_goes_on(star4, tmp_path):
+    """An elastic job (bml-ctl job-add --elastic): server 2 is killed mid-push; the other three
+    finish, each with the sum of the three survivors' gradients, and say so; a worker that
+    keeps going (the Python API, many calls) would go on as a job of three. The next push of
+    the job by four fresh workers uses the switch again."""
+    grads = gradients(4, 1 << 20, 7)
+    results = kill_mid_push(star4, ELASTIC, None, tmp_path, victim=2,
+                            extra=["--fabric", str(star4.run_dir / "fabric.json")])
+    survivors = [grads[0], grads[1], grads[3]]
+    assert_correct(results, survivors)
+    for result in results:
+        assert "server 2 (level 0) closed its connection mid-call" in result.stdout
+        assert "servers 0, 1, 3 go on without 2 (elastic)" in result.stdout
+        assert result.figure("summed_over") == "0,1,3"
+    grads = gradients(4, 100_003, 12)
+    results = run_pushes(star4, ELASTIC, pushes(grads, None), tmp_path, 4)
+    assert_correct(results, grads)
+    assert all("summed_over" not in r.stdout for r in results)
+
+
+ELASTIC_CALLS = """
+import os, sys, threading, numpy as np
+from hosts.api import Worker
+rank = int(sys.argv[1])
+with Worker(int(sys.argv[3]), elastic=True) as worker:
+    for call in range(3):
+        gradient = np.random.default_rng(100 * call + rank).standard_normal(1_000_000)
+        if rank == 2 and call == 1:
+            threading.Timer(0.1, lambda: os._exit(9)).start()
+        np.save(f"{sys.argv[2]}/sum{rank}-{call}.npy", worker.allreduce(gradient.astype("f4")))
+        print(call, ",".join(map(str, worker.engine.members)), flush=True)
+"""
+
+
+def test_elastic_worker_goes_on_as_the_smaller_job(star4, tmp_path):
+    """Three calls of the Python API with ``elastic=True``; server 2 vanishes in the second.
+    The others' second and third sums are the three survivors' sums."""
+    processes = [subprocess.Popen(
+        ["ip", "netns", "exec", star4.namespace_of(rank), sys.executable, "-c", ELASTIC_CALLS,
+         str(rank), str(tmp_path), str(ELASTIC)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        for rank in range(4)]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert processes[2].returncode == 9
+    for rank in (0, 1, 3):
+        assert processes[rank].returncode == 0, outputs[rank][1]
+        assert outputs[rank][0].split() == ["0", "0,1,2,3", "1", "0,1,3", "2", "0,1,3"]
+        for call in range(3):
+            grads = [np.random.default_rng(100 * call + member).standard_normal(1_000_000)
+                     .astype(np.float32) for member in ((0, 1, 2, 3) if call == 0 else
+                                                        (0, 1, 3))]
+            assert check_sum(np.load(tmp_path / f"sum{rank}-{call}.npy"), grads)[2]
 
 
 def test_frozen_worker_times_the_others_out_and_the_job_works_again(star4, tmp_path):

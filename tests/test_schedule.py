@@ -262,3 +262,10 @@ def test_re_planning_is_refused_where_there_is_no_other_path():
         bcube.degraded({(0, 0), (0, 1)})
     with pytest.raises(ScheduleError, match="both failed"):
         bcube.degraded({(0, 0)}).degraded({(1, 2)})
+
+
+def test_an_elastic_job_is_recorded_and_only_on_a_star():
+    plan = plan_scheduled_job(Topology.parse("star:4"), 3, IN_NETWORK, elastic=True)
+    assert plan.elastic and type(plan).from_json(plan.to_json()).elastic
+    with pytest.raises(JobError, match="on a star only"):
+        plan_scheduled_job(Topology.parse("bcube:2,2"), 3, IN_NETWORK, elastic=True)
