@@ -156,6 +156,12 @@ class Worker:
         self.last_nic_bytes: list[tuple[int, int]] = []
 
     @property
+    def workers(self) -> int | None:
+        """How many workers the sums are over now (fewer after an elastic job shrank); None
+        on one NIC (the ``world`` given)."""
+        return None if self.engine is None else len(self.engine.members)
+
+    @property
     def schedule_name(self) -> str:
         return self.schedule.name if self.schedule is not None else "single-switch"
 

@@ -99,7 +99,8 @@ class BmlHookState:
             self.elements += flat.size
             self.seconds += time.monotonic() - started
             self.retransmissions += self.worker.last_stats.retransmissions
-        return (total / self.world).astype(np.float32, copy=False)
+        # An elastic job that lost a worker sums over fewer: the mean is over those.
+        return (total / (self.worker.workers or self.world)).astype(np.float32, copy=False)
 
     def raise_if_failed(self) -> None:
         """Turn DDP's wrapped error into the hook's own, with its cause."""
