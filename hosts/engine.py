@@ -654,13 +654,11 @@ class _Call:
                 parts = self.layout.rs_parts(p, j, engine.server)
                 owner = np.full(self.blocks, -1, dtype=np.int16)
                 via_switch = np.zeros(self.blocks, dtype=bool)
-                seq, owners = [], []
                 for i, (sw, host) in enumerate(parts):
                     owner[sw[0]:sw[1]] = i
                     owner[host[0]:host[1]] = i
                     via_switch[sw[0]:sw[1]] = True
-                    seq += range(*sw)
-                    owners += [i] * length(sw)
+                seq, owners = _interleaved([range(*sw) for sw, _host in parts])
                 self.rs_owner[(p, j)] = (owner, via_switch)
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
@@ -1035,6 +1033,21 @@ class _Call:
             + (f"; {'; '.join(stuck)}" if stuck else "")
             + (f"; no DONE yet from server(s) {', '.join(silent)}" if silent else "")
             + ": a worker, a switch or a link stopped")
+
+
+def _interleaved(parts: list[range]) -> tuple[list[int], list[int]]:
+    """(blocks, owner of each) taking the parts' blocks in turn: every owner's sums come back
+    at the same pace, so every group of the next step gets its input from the start (one
+    part after another, the last part's owners would start their next step at the end, their
+    links idle meanwhile and busy after everybody else's)."""
+    seq: list[int] = []
+    owners: list[int] = []
+    for position in range(max((len(part) for part in parts), default=0)):
+        for i, part in enumerate(parts):
+            if position < len(part):
+                seq.append(part[position])
+                owners.append(i)
+    return seq, owners
 
 
 def _runs(blocks: np.ndarray) -> list[tuple[int, int]]:
