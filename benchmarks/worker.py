@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.scheme == "bml":
             stats |= {"retransmissions": scheme.last_stats.retransmissions,
                      "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
+                     "repairs_asked": getattr(scheme.last_stats, "repairs_asked", 0),
+                     "last_result": getattr(scheme.last_stats, "last_result", 0.0) - started,
                      "schedule": scheme.schedule_name}
     finally:
         scheme.close()

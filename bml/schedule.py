@@ -44,7 +44,14 @@ BLOCK_BYTES = 4 * BLOCK_VALUES
 MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each range's start
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
-DEFAULT_WINDOW = 256  # slots in flight per switch channel
+DEFAULT_WINDOW = 256  # slots in flight per switch channel, at most
+# Aggregation frames one NIC keeps in flight, in bytes: with the mesh's TCP budget
+# (hosts.sockets.QUEUE_BUDGET, 192 KB) the 256 KB a shaped link queues. More in flight only
+# waits in that queue (a slot's answer needs every member's frame, not a deep queue), and
+# where a NIC also carries TCP, or several channels, it overflowed it: drops, re-sends.
+NIC_FRAME_BUDGET = 64_000
+FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
+MIN_CHANNEL_WINDOW = 16
 
 Range = tuple[int, int]  # [start, stop) in blocks
 
@@ -331,6 +338,20 @@ def channel_window(blocks: int, window: int) -> int:
     return min(range(window, window // 2 - 1, -1), key=lambda w: _odd_slots(blocks, w))
 
 
+def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -> list[int]:
+    """Per NIC of ``server``, the window of each of its switch channels: ``window``, or less
+    so that the NIC's channels keep at most NIC_FRAME_BUDGET bytes in flight together. Every
+    member of a channel computes the same (a level's channels are the same for all of a
+    group's members)."""
+    channels = [0] * schedule.topology.k
+    for p in range(len(schedule.stripes)):
+        for step in schedule.steps_of(p, server):
+            if step.op is not Op.AG and step.switch_share > 0:
+                channels[step.dim] += 1
+    return [min(window, max(MIN_CHANNEL_WINDOW, NIC_FRAME_BUDGET // (FRAME_WIRE_BYTES * c)))
+            if c else window for c in channels]
+
+
 def flushes(channel_blocks: int, window: int) -> int:
     """Zero 'flush' uses a switch channel of ``channel_blocks`` adds (see channel_window)."""
     if channel_blocks <= 0:
@@ -373,6 +394,7 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
     topo, schedule = layout.topology, layout.schedule
     n = topo.n
     nics = [NicTraffic() for _ in range(topo.k)]
+    windows = nic_windows(schedule, server, window) if window else [None] * topo.k
     me = topo.digits(server)
     for p in range(len(schedule.stripes)):
         pieces = layout.pieces(p, server)
@@ -392,7 +414,7 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
                         _send(nic.up, length(host))
                 _send(nic.down, length(parts[mine][1]), n - 1)
                 if window and switch_blocks:
-                    extra = flushes(switch_blocks, window)
+                    extra = flushes(switch_blocks, windows[step.dim])
                     nic.up.frames += extra
                     if mine == 0:  # a flush's "owner" is worker 0
                         nic.down.frames += extra
@@ -403,7 +425,7 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
                 nic.up.frames += blocks
                 nic.down.frames += blocks
                 if window and blocks:
-                    extra = flushes(blocks, window)
+                    extra = flushes(blocks, windows[step.dim])
                     nic.up.frames += extra
                     nic.down.frames += extra
             else:  # AG: gather piece[j] from every server's piece[j + 1]

@@ -64,6 +64,7 @@ from bml.schedule import (
     channel_window,
     length,
     make_schedule,
+    nic_windows,
     split,
     stripe_job_id,
 )
@@ -127,6 +128,7 @@ class EngineStats:
     stream_bytes: int = 0
     exponent_seconds: float = 0.0
     first_result: float = 0.0  # monotonic time of the first whole block
+    last_result: float = 0.0  # ... and of the last: the rest of the call is the ending
     replans: list[Replan] = field(default_factory=list)
     attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)
 
@@ -645,10 +647,12 @@ class _Call:
         self.messages: dict[tuple, int] = {}  # outgoing message -> blocks not yet ready
         self.ranges: dict[tuple, list[tuple[Range, list[Peer]]]] = {}
         self.broadcast_left: dict[tuple[int, int], int] = {}
+        self.sent_due: list[tuple[int, int]] = []  # (stripe, step) whose SENT waits
         self.repairs: dict[tuple[int, int, int], float] = {}
         self.done_sent = False
         # Per stripe: which blocks go how at each RS step; channels for switch steps.
         self.rs_owner: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        windows = nic_windows(self.schedule, engine.server, engine.window)
         for p in range(topo.k):
             for j, dim in enumerate(self.rs_dims[p]):
                 parts = self.layout.rs_parts(p, j, engine.server)
@@ -662,7 +666,7 @@ class _Call:
                 self.rs_owner[(p, j)] = (owner, via_switch)
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
-                        self, engine.links[dim], p, seq, owners, engine.window)
+                        self, engine.links[dim], p, seq, owners, windows[dim])
                 peers = {s.server: s for s in engine.mesh.neighbours(dim)}
                 outgoing = []
                 for i, (_sw, host) in enumerate(parts):
@@ -681,7 +685,7 @@ class _Call:
                 if length(piece):
                     self.channels[(p, self.ar_dim[p])] = SwitchChannel(
                         self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
-                        engine.window)
+                        windows[self.ar_dim[p]])
             for j, dim in enumerate(self.rs_dims[p]):
                 own = self.pieces[p][j + 1]
                 if dim not in self.ag_in_switch[p]:
@@ -746,6 +750,8 @@ class _Call:
         self.finals += 1
         if self.finals == 1:
             self.stats.first_result = time.monotonic()
+        if self.finals == self.blocks:
+            self.stats.last_result = time.monotonic()
         if self.progress is not None and self.finals % 1024 == 0:
             self.progress(self.finals, self.blocks)
         for j in range(self.depth(p, block)):
@@ -767,8 +773,22 @@ class _Call:
             self._sent_all(p, j)
 
     def _sent_all(self, p: int, j: int) -> None:
-        for peer in self.engine.mesh.neighbours(self.rs_dims[p][j]):
-            peer.send(Kind.SENT, self.tag, p, j)
+        """Say SENT once the broadcasts have left: while some still wait for room in the
+        kernel (the NIC's outbox), the SENT waits too (``_send_due``), so that a copy missing
+        after it arrives is lost, not late."""
+        self.sent_due.append((p, j))
+        self._send_due()
+
+    def _send_due(self) -> None:
+        waiting = []
+        for p, j in self.sent_due:
+            dim = self.rs_dims[p][j]
+            if self.engine.links[dim].outbox:
+                waiting.append((p, j))
+                continue
+            for peer in self.engine.mesh.neighbours(dim):
+                peer.send(Kind.SENT, self.tag, p, j)
+        self.sent_due = waiting
 
     def _message_ready(self, kind: Kind, p: int, j: int, block: int) -> None:
         for (start, stop), peers in self.ranges[(kind, p, j)]:
@@ -899,7 +919,11 @@ class _Call:
                                               self.me[link.level]))
 
     def _grace(self) -> float:
-        return max(0.05, 3 * max(rto.value for rto in self.rto))
+        """How long after a neighbour's SENT a broadcast copy of its that has not come is
+        asked for again. The copies left before the SENT, through the same queues (its link
+        up, the switch, this server's link down), so one missing then is lost, not late; half
+        an RTO (one typical answer time) leaves room for reordering."""
+        return max(0.05, max(rto.value for rto in self.rto) / 2)
 
     def _repair(self, now: float) -> None:
         """Ask a neighbour again for the broadcasts of its that never arrived."""
@@ -995,6 +1019,8 @@ class _Call:
                     self._check_open(peer)
             for link in links:
                 link.drain()
+            if self.sent_due:
+                self._send_due()
             now = time.monotonic()
             if now >= next_scan:
                 self._resend(now)

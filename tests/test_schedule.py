@@ -9,12 +9,14 @@ from itertools import pairwise
 import pytest
 
 from bml import cost_model
-from bml.protocol import VALUES_PER_PACKET, ResultMode
+from bml.protocol import PAYLOAD_BYTES, VALUES_PER_PACKET, ResultMode
 from bml.schedule import (
     BLOCK_VALUES,
+    FRAME_WIRE_BYTES,
     HOST_BASED,
     IN_NETWORK,
     MIXED,
+    NIC_FRAME_BUDGET,
     Layout,
     Op,
     ScheduleError,
@@ -23,6 +25,7 @@ from bml.schedule import (
     flushes,
     ideal_cost,
     make_schedule,
+    nic_windows,
     split,
     stripe_job_id,
     traffic,
@@ -182,6 +185,20 @@ def test_wire_prediction_prices_every_header():
     assert frames + exponents < prediction.max_up < frames + 1.1 * exponents + 200
     assert prediction.gst == pytest.approx(prediction.busiest * 8 / 1e6)
     assert BLOCK_VALUES == VALUES_PER_PACKET
+    assert FRAME_WIRE_BYTES == 314 == PAYLOAD_BYTES + 8 + 20 + 14
+
+
+def test_a_nics_channels_share_one_budget_of_frames_in_flight():
+    """bcube:3,2 in-network: two channels per NIC (a reduce-scatter, an allreduce); mixed
+    the same; host-based none; a star's one channel keeps the whole budget."""
+    topo = Topology.parse("bcube:3,2")
+    for name in (IN_NETWORK, MIXED):
+        windows = nic_windows(make_schedule(topo, name), 4)
+        assert windows == [NIC_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    assert nic_windows(make_schedule(topo, HOST_BASED), 4) == [256, 256]
+    assert nic_windows(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0, 64) == [64]
+    assert nic_windows(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0) == [
+        NIC_FRAME_BUDGET // FRAME_WIRE_BYTES]
 
 
 def test_planner_picks_the_least_predicted_gst():
