@@ -23,7 +23,11 @@ per NIC (to the switches) and the TCP mesh to the BCube neighbours (``hosts/mesh
    it used is back on copy 0 (an even number of uses: the next call starts clean).
 
 Every wait is bounded (``start_timeout`` for the mesh and the exponent round, ``timeout`` for
-the call), and a neighbour's closed connection ends the call at once with its name.
+the call), and a neighbour's closed connection ends the call at once with its name. A switch
+or link that fails mid-call is re-planned around (its group's level in the hosts, over
+detours), and an elastic job on a star goes on without a worker that left: in both cases every
+worker learns it from the ABORT that names it and runs the call again (docs/PROTOCOL.md,
+"Re-planning", "Elastic jobs").
 """
 
 from __future__ import annotations
@@ -429,6 +433,8 @@ class Engine:
             raise TransportError(f"{loss}; an elastic job shrinks on a star only "
                                  f"({self.whole.spec} is a BCube)")
         members = [m for m in self.members if m not in loss.lost]
+        if len(members) == len(self.members):  # nobody new left: no way on
+            raise TransportError(f"{loss}; it was already left out")
         if len(members) < 2 or self.home not in members:
             raise TransportError(f"{loss}; fewer than two workers are left")
         home = self.home
@@ -441,6 +447,8 @@ class Engine:
 
     def _replan(self, failure: PartFailed) -> None:
         """Go on without the failed groups: a degraded schedule and a mesh over detours."""
+        if failure.broken <= self.schedule.broken:  # already planned around: no way on
+            raise TransportError(f"{failure}; it was already re-planned around") from None
         try:
             schedule = self.schedule.degraded(failure.broken)
         except ScheduleError as exc:
