@@ -115,9 +115,9 @@ class EngineStats:
     replans: list[Replan] = field(default_factory=list)
 
 
-RETX_PER_ANSWER = 1.0  # re-send budget a NIC earns per answered slot
+RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
-FEW_IN_FLIGHT = 32  # slots waiting on a NIC up to which re-sends need no budget
+FEW_IN_FLIGHT = 32  # slots waiting on a NIC at a call's end up to which re-sends are free
 # A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
 # others) is not re-sent again before this many timeouts (doubling with every further
 # PENDING): only if the final answer is lost on its way does the switch need to hear from
@@ -140,8 +140,9 @@ class NicLink:
     tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
     that re-send is refunded (the slot then waits for the others, re-sent only by its
     fallback timer), so the budget pays for lost frames and lost answers, not for the
-    co-workers' losses or lag. With only ``FEW_IN_FLIGHT`` slots waiting (the end of a call)
-    the link has room and re-sends need no budget (each slot's back-off still bounds them)."""
+    co-workers' losses or lag. At the end of a call, with only ``FEW_IN_FLIGHT`` slots
+    waiting, the link has room and re-sends need no budget (each slot's back-off still bounds
+    them); without that, the last slots trickle out one per RTO."""
 
     level: int
     ip: str
@@ -325,6 +326,13 @@ class SwitchChannel:
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)
+
+    def draining(self) -> bool:
+        """Every use of every slot is sent (and the last ones wait for answers) or answered:
+        the channel's end, nothing new will go out."""
+        frames, total = self.frames, self.total_uses
+        return all(use >= total[slot] or (use + 1 == total[slot] and frames[slot] is not None)
+                   for slot, use in enumerate(self.next_use))
 
 
 class Engine:
@@ -834,9 +842,12 @@ class _Call:
                 now, rto)), key=lambda entry: entry[0])
             if not overdue:
                 continue
-            # A few slots in flight on this NIC (the end of a call): the link has room, and
-            # each slot's own back-off bounds its re-sends, so no budget is needed.
-            few = sum(channel.waiting() for channel in channels) <= FEW_IN_FLIGHT
+            # The end of the call on this NIC (its channels have sent everything) and a few
+            # slots left: the link has room, and each slot's own back-off bounds its re-sends,
+            # so no budget is needed. (Not mid-call: few slots in flight there mean a starved
+            # pipeline, whose late slots wait for lagging co-workers.)
+            few = (sum(channel.waiting() for channel in channels) <= FEW_IN_FLIGHT
+                   and all(channel.draining() for channel in channels))
             for _sent, channel, slot in overdue:
                 if not few:
                     if link.budget >= 1:
