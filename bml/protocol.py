@@ -55,6 +55,8 @@ class PacketType(enum.IntEnum):
     RESET = 5  # control: re-initialise one slot (both copies); accepted from CPU_PORT only
     ACK = 6  # header-only completion notice to non-owners of a reduce-scatter chunk
     GENERATION = 7  # host: which generation is the job at? switch (header only): this one
+    PENDING = 8  # switch (header only): a re-sent contribution is already in its copy, which
+    # still waits for others; ``count`` is the copy's contributions so far
 
 
 class ResultMode(enum.IntEnum):
@@ -74,6 +76,7 @@ class Stat(enum.IntEnum):
     FORWARDED = 6
     GENERATION = 7  # a generation query answered
     OLD_CALL = 8  # a contribution of an older call: not added, answered with the generation
+    PENDING = 9  # a re-sent contribution into the filling copy it is in: answered PENDING
 
 
 class DropReason(enum.IntEnum):

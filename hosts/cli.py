@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET}"
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "
           f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s {counts} "
-          f"retransmissions={stats.retransmissions} schedule={schedule} "
+          f"retransmissions={stats.retransmissions} pending={stats.pending} "
+          f"schedule={schedule} "
           f"nic_bytes={nic_bytes}")
     return 0
 

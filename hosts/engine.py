@@ -127,6 +127,7 @@ class EngineStats:
     seconds: float = 0.0
     frames_sent: int = 0
     retransmissions: int = 0
+    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
     broadcasts: int = 0
     repairs_asked: int = 0
     stream_bytes: int = 0
@@ -139,6 +140,12 @@ class EngineStats:
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
+FEW_IN_FLIGHT = 32  # slots waiting on a NIC at a call's end up to which re-sends are free
+# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
+# others) is not re-sent again before this many timeouts (doubling with every further
+# PENDING): only if the final answer is lost on its way does the switch need to hear from
+# this worker again.
+PENDING_FALLBACK = 2
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
@@ -151,9 +158,14 @@ class NicLink:
     A slot's answer waits for every member of its group, so a late answer often means a slow
     neighbour or a full queue, not a loss; re-sending then only lengthens the queues, and on a
     loaded machine every re-send makes the next one likelier. So re-sends are clocked by
-    answers (like TCP's ACK clock): each answered slot earns 1/8 of a re-send, and with the
-    budget spent only the longest-waiting slot is re-sent, once per RTO. Random loss below
-    ~12% is repaired at once; anything worse degrades to a trickle instead of a flood."""
+    answers (like TCP's ACK clock): each answered slot earns ``RETX_PER_ANSWER`` re-sends, and
+    with the budget spent only the longest-waiting slot is re-sent, once per RTO. The switch
+    tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
+    that re-send is refunded (the slot then waits for the others, re-sent only by its
+    fallback timer), so the budget pays for lost frames and lost answers, not for the
+    co-workers' losses or lag. At the end of a call, with only ``FEW_IN_FLIGHT`` slots
+    waiting, the link has room and re-sends need no budget (each slot's back-off still bounds
+    them); without that, the last slots trickle out one per RTO."""
 
     level: int
     ip: str
@@ -168,6 +180,11 @@ class NicLink:
 
     def answered(self) -> None:
         self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
+
+    def refund(self) -> None:
+        """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
+        slot, and the slot is not re-sent again soon, so it is not charged."""
+        self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
 
     def send(self, frame: bytes) -> None:
         if not self.outbox:
@@ -217,6 +234,7 @@ class SwitchChannel:
         self.first_sent = [0.0] * self.window
         self.last_sent = [0.0] * self.window
         self.retries = [0] * self.window
+        self.pending = bytearray(self.window)  # PENDING answers to the use in flight
         self.open_slots = sum(1 for u in self.total_uses if u)
         self.name = f"stripe {stripe} on level {nic.level}"
 
@@ -249,21 +267,40 @@ class SwitchChannel:
         self.frames[slot] = frame
         self.first_sent[slot] = self.last_sent[slot] = now
         self.retries[slot] = 0
+        self.pending[slot] = 0
         self.nic.send(frame)
         call.stats.frames_sent += 1
 
-    def on_result(self, ptype: int, version: int, slot: int, offset: int, generation: int,
-                  buffer: bytearray, size: int) -> None:
+    def _expects(self, version: int, slot: int, offset: int, generation: int) -> int | None:
+        """The sequence number of the use an answer with these fields is for, if it is the
+        slot's use in flight; None for a late, stray or foreign answer."""
         if slot >= self.window or self.frames[slot] is None or generation != self.call.generation:
-            return
+            return None
         use = self.next_use[slot]
         if version != use & 1:
-            return
+            return None
         seq = slot + use * self.window
-        block = self.blocks[seq] if seq < self.count else -1
-        expected = block * VALUES_PER_PACKET if block >= 0 else PRIMING_OFFSET
-        if offset != expected:
+        expected = self.blocks[seq] * VALUES_PER_PACKET if seq < self.count else PRIMING_OFFSET
+        return seq if offset == expected else None
+
+    def on_pending(self, version: int, slot: int, offset: int, generation: int) -> None:
+        """The switch has this worker's contribution to the slot's use in flight, and waits
+        for others: no more re-sends of it until the fallback (``overdue``)."""
+        if self._expects(version, slot, offset, generation) is None:
             return
+        self.last_sent[slot] = time.monotonic()  # the fallback runs from the answer
+        if not self.pending[slot]:
+            self.nic.refund()  # the first one only: later ones are the fallback's
+            self.call.stats.pending += 1
+        self.pending[slot] = min(self.pending[slot] + 1, 8)
+
+    def on_result(self, ptype: int, version: int, slot: int, offset: int, generation: int,
+                  buffer: bytearray, size: int) -> None:
+        seq = self._expects(version, slot, offset, generation)
+        if seq is None:
+            return
+        use = self.next_use[slot]
+        block = self.blocks[seq] if seq < self.count else -1
         mine = self.owners is None or (block >= 0 and self.owners[seq] == self.me)
         if block >= 0 and mine and (ptype == PacketType.ACK or size < PAYLOAD_BYTES):
             return  # the owner needs the values
@@ -285,11 +322,23 @@ class SwitchChannel:
             self._launch(slot, now)
 
     def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int]]:
-        """(last sent, self, slot) of every slot whose answer is overdue (per-slot back-off)."""
+        """(last sent, self, slot) of every slot whose answer is overdue: one timeout after
+        the last send, doubling per retry from the second (per-slot back-off); a slot
+        answered PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with
+        every further PENDING."""
         base, cap = rto.value, rto.cap
-        return [(self.last_sent[slot], self, slot) for slot, frame in enumerate(self.frames)
-                if frame is not None and now - self.last_sent[slot] > min(
-                    cap, base * (1 << min(max(self.retries[slot] - 1, 0), 8)))]
+        pending, retries, last_sent = self.pending, self.retries, self.last_sent
+        overdue = []
+        for slot, frame in enumerate(self.frames):
+            if frame is None:
+                continue
+            if pending[slot]:
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+            else:
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
+            if now - last_sent[slot] > wait:
+                overdue.append((last_sent[slot], self, slot))
+        return overdue
 
     def resend(self, slot: int, now: float) -> None:
         self.nic.send(self.frames[slot])
@@ -300,6 +349,13 @@ class SwitchChannel:
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)
+
+    def draining(self) -> bool:
+        """Every use of every slot is sent (and the last ones wait for answers) or answered:
+        the channel's end, nothing new will go out."""
+        frames, total = self.frames, self.total_uses
+        return all(use >= total[slot] or (use + 1 == total[slot] and frames[slot] is not None)
+                   for slot, use in enumerate(self.next_use))
 
 
 class Engine:
@@ -842,6 +898,10 @@ class _Call:
             channel = self.channels.get((p, level))
             if channel is not None:
                 channel.on_result(ptype, version, slot, offset, generation, buffer, size)
+        elif ptype == PacketType.PENDING:
+            channel = self.channels.get((p, level))
+            if channel is not None:
+                channel.on_pending(version, slot, offset, generation)
 
     def _on_message(self, peer: Peer, kind: int, p: int, j: int, start: int, count: int,
                     payload: memoryview) -> None:
@@ -876,16 +936,25 @@ class _Call:
         """Re-send overdue slots, longest-waiting first, within each NIC's budget."""
         for link in self.engine.links:
             rto = self.rto[link.level]
-            overdue = sorted(
-                (entry for (_p, level), channel in self.channels.items() if level == link.level
-                 for entry in channel.overdue(now, rto)), key=lambda entry: entry[0])
+            channels = [c for (_p, level), c in self.channels.items() if level == link.level]
+            overdue = sorted((entry for channel in channels for entry in channel.overdue(
+                now, rto)), key=lambda entry: entry[0])
+            if not overdue:
+                continue
+            # The end of the call on this NIC (its channels have sent everything) and a few
+            # slots left: the link has room, and each slot's own back-off bounds its re-sends,
+            # so no budget is needed. (Not mid-call: few slots in flight there mean a starved
+            # pipeline, whose late slots wait for lagging co-workers.)
+            few = (sum(channel.waiting() for channel in channels) <= FEW_IN_FLIGHT
+                   and all(channel.draining() for channel in channels))
             for _sent, channel, slot in overdue:
-                if link.budget >= 1:
-                    link.budget -= 1
-                elif now - link.last_forced > rto.value:
-                    link.last_forced = now
-                else:
-                    break
+                if not few:
+                    if link.budget >= 1:
+                        link.budget -= 1
+                    elif now - link.last_forced > rto.value:
+                        link.last_forced = now
+                    else:
+                        break
                 channel.resend(slot, now)
 
     def _watch_switches(self, now: float) -> None:

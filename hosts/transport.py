@@ -22,8 +22,10 @@ Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, d
 retry of the slot, and for every slot after any timer fired until a clean sample arrives). A
 re-sent contribution is idempotent at the switch, which answers it with the stored result once
 the slot is complete. Until the first answer only one slot is re-sent, as a probe: the other
-workers may simply not have started yet. Late or duplicate results are recognised by slot,
-version and offset and ignored. Every wait is bounded: the priming round by
+workers may simply not have started yet. A re-send into a copy that still waits for others
+is answered PENDING: the contribution is in, so the slot is re-sent again only after
+``PENDING_FALLBACK`` timeouts (in case its answer is lost). Late or duplicate results are
+recognised by slot, version and offset and ignored. Every wait is bounded: the priming round by
 ``start_timeout``, the whole call by ``timeout``.
 """
 
@@ -61,9 +63,13 @@ RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
+# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
+# the others) is re-sent only after this many of its timeouts: in case its answer is lost.
+PENDING_FALLBACK = 4
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
-_RESULT_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
+_ANSWER_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK,
+                 PacketType.PENDING)
 # Lanes of slot 0's priming packet: the length, and hashes of it (see _length_lanes).
 _LENGTH_PRIMES = (1, 40503, 65537, 2654435761 % (1 << 20), 97, 7919, 104729, 15485863)
 
@@ -118,6 +124,7 @@ class Stats:
     packets_sent: int = 0
     retransmissions: int = 0
     results: int = 0
+    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
     duplicates_ignored: int = 0
     seconds: float = 0.0
 
@@ -242,6 +249,7 @@ class AggregationTransport:
         first_sent = [0.0] * window
         last_sent = [0.0] * window
         retries = [0] * window
+        pending = bytearray(window)  # answered PENDING: only the fallback re-sends
         total_uses = [1 + -(-(chunks - s) // window) for s in range(window)]
         total_uses = [u + (u & 1) for u in total_uses]
         next_exponent = [EXPONENT_NONE] * window  # max exponent for the slot's next chunk
@@ -259,6 +267,7 @@ class AggregationTransport:
             frames[slot] = frame
             first_sent[slot] = last_sent[slot] = now
             retries[slot] = 0
+            pending[slot] = 0
             sendto(frame, switch)
             stats.packets_sent += 1
 
@@ -333,14 +342,25 @@ class AggregationTransport:
                     for slot in range(window):
                         launch(slot, now)
                     continue
-                if (rjob != job or ptype not in _RESULT_TYPES or rgen != generation
+                if (rjob != job or ptype not in _ANSWER_TYPES or rgen != generation
                         or slot >= window
                         or frames[slot] is None or version != uses[slot] & 1):
                     stats.duplicates_ignored += 1
                     continue
                 chunk = in_flight[slot]
                 expected_offset = chunk * VALUES_PER_PACKET if chunk >= 0 else PRIMING_OFFSET
-                if offset != expected_offset or size < PAYLOAD_BYTES:
+                if offset != expected_offset:
+                    stats.duplicates_ignored += 1
+                    continue
+                if ptype == PacketType.PENDING:
+                    # The contribution is in; the copy waits for the others. Only the
+                    # fallback re-sends it (its answer may still be lost), from now.
+                    last_sent[slot] = time.monotonic()
+                    if not pending[slot]:
+                        pending[slot] = 1
+                        stats.pending += 1
+                    continue
+                if size < PAYLOAD_BYTES:
                     stats.duplicates_ignored += 1
                     continue
                 now = time.monotonic()
@@ -378,7 +398,8 @@ class AggregationTransport:
                 for slot in range(window if stats.results else 1):
                     frame = frames[slot]
                     if frame is not None and now - last_sent[slot] > min(
-                            max_rto, rto * (1 << min(retries[slot], 8))):
+                            max_rto, rto * (1 << min(retries[slot], 8))) * (
+                            PENDING_FALLBACK if pending[slot] else 1):
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1

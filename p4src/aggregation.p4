@@ -77,6 +77,16 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         max_exponent.read(hdr.bml.exponent, idx);
                         hdr.bml.type = TYPE_RESULT_RETX;
                         meta.stat = STAT_RETX_ANSWERED;
+                    } else if (stored_offset == hdr.bml.offset) {
+                        // A re-sent contribution into the copy it is already in, still
+                        // filling: not added again, but its sender learns that it is in
+                        // (header only, with the count so far), so it stops re-sending and
+                        // waits for the others.
+                        hdr.bml.type = TYPE_PENDING;
+                        hdr.bml.count = count;
+                        hdr.lo.setInvalid();
+                        hdr.hi.setInvalid();
+                        meta.stat = STAT_PENDING;
                     } else {
                         meta.stat = STAT_DUPLICATE;
                         meta.consumed = 1;

@@ -219,6 +219,12 @@ class Pipeline:
                 values = self.sums[idx].astype(_BE_VALUES).tobytes()
                 return self._route(frame, port, job, PacketType.RESULT_RETX,
                                    self.max_exponent[idx], values, tables)
+            if stored_offset == offset:
+                # Still filling: the sender learns that its contribution is in (header only,
+                # with the count so far).
+                self.stats[Stat.PENDING] += 1
+                return self._route(frame, port, job, PacketType.PENDING, exponent, b"", tables,
+                                   count=count)
             self.stats[Stat.DUPLICATE] += 1
             return []
         if bitmap and stored_offset != offset:
@@ -268,10 +274,11 @@ class Pipeline:
                            frame[VALUES_OFF:FULL_END], tables)
 
     def _route(self, frame: bytes, port: int, job: JobConfig, ptype: int, exponent: int,
-               values: bytes, tables: Tables,
-               generation: int | None = None) -> list[tuple[int, bytes]]:
+               values: bytes, tables: Tables, generation: int | None = None,
+               count: int | None = None) -> list[tuple[int, bytes]]:
         """ResultRouting, then EgressRewrite for every copy. A GENERATION answer (header only,
-        ``generation`` in it) goes back to the sender."""
+        ``generation`` in it) and a PENDING answer (header only, the copy's ``count`` in it) go
+        back to the sender."""
         owner_port = None
         if ptype in (PacketType.RESULT, PacketType.RESULT_RETX) and \
                 job.result_mode == ResultMode.TO_OWNER:
@@ -280,7 +287,7 @@ class Pipeline:
                                                  owner_id))
             if owner_port is None:
                 return self._drop(DropReason.NO_OWNER)
-        if ptype in (PacketType.RESULT_RETX, PacketType.GENERATION):
+        if ptype in (PacketType.RESULT_RETX, PacketType.GENERATION, PacketType.PENDING):
             egress_ports: tuple[int, ...] = (port,)
         else:
             egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
@@ -295,6 +302,8 @@ class Pipeline:
         bml[8] = exponent
         if generation is not None:
             bml[10:12] = generation.to_bytes(2, "big")
+        if count is not None:
+            bml[9] = count
         full_body = bytes(bml) + values
         out = []
         for egress_port in egress_ports:

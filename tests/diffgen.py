@@ -4,7 +4,8 @@ must do with it.
 The generator plays the hosts and the controller of three jobs on one switch: rounds of
 contributions (in the order hosts may send them: a slot's next use only after its previous
 one completed), new calls (a newer generation abandons what the last one left), generation
-questions and contributions of older calls, duplicates, retransmissions, late copies, stale
+questions and contributions of older calls, re-sends into filling copies (PENDING),
+retransmissions, late copies, stale
 and forged contributions,
 malformed frames, ordinary traffic, broadcasts, controller PacketOuts (RESETs, forged ones)
 and changes of l2_forward's default entry. It knows by construction what each
@@ -138,11 +139,12 @@ def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int,
 
 
 def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
-                 values: bytes | None, generation: int | None = None) -> bytes:
+                 values: bytes | None, generation: int | None = None,
+                 count: int | None = None) -> bytes:
     """What the switch sends to the host on ``port`` in answer to ``trigger`` (docs/PROTOCOL.md
     "Framing"): its addresses, the trigger's TOS, identification, flags and BML fields, TTL 64,
-    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK or GENERATION answer
-    (which carries the job's ``generation``)."""
+    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK, GENERATION answer
+    (which carries the job's ``generation``) or PENDING answer (the copy's ``count``)."""
     ip_len, udp_len = (300, 280) if values is not None else (44, 24)
     ip = _IPV4.pack(0x45, trigger[15], ip_len, int.from_bytes(trigger[18:20], "big"),
                     int.from_bytes(trigger[20:22], "big"), 64, 17, 0, SWITCH_IP, host_ip(port))
@@ -152,6 +154,8 @@ def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
     header[8] = exponent
     if generation is not None:
         header[10:12] = generation.to_bytes(2, "big")
+    if count is not None:
+        header[9] = count
     return b"".join((host_mac(port), SWITCH_MAC, b"\x08\x00", ip,
                      _UDP.pack(BML_UDP_PORT, int.from_bytes(trigger[34:36], "big"), udp_len, 0),
                      bytes(header), values or b""))
@@ -404,10 +408,11 @@ class Generator:
                   frame, expect)
 
     def resend(self) -> None:
-        """A contribution sent again: a duplicate while its round fills, the stored sum back to
-        that worker once it completed (while the worker's bit is still in that copy), and a
-        duplicate again once the worker moved on (a late copy overtaken in the network), also
-        once every worker moved on; of an older call: answered with the generation."""
+        """A contribution sent again: answered PENDING (header only, the count so far) to that
+        worker while its round fills, the stored sum back to that worker once it completed
+        (while the worker's bit is still in that copy), and a duplicate once the worker moved
+        on (a late copy overtaken in the network), also once every worker moved on; of an
+        older call: answered with the generation."""
         choices = []
         for rnd in self.rounds.values():
             if rnd.resendable:
@@ -436,8 +441,15 @@ class Generator:
             self._answer(rnd, frame, PacketType.RESULT_RETX, expect, [rnd.job.workers[worker]])
             what = "retx"
         else:
-            expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
-            what = "duplicate"
+            expect = Expect(stats=Counter({Stat.PENDING: 1}))
+            port = rnd.job.workers[worker]
+            if port in ADDRESSED_PORTS:
+                expect.outputs.append((port, switch_frame(
+                    frame, port, PacketType.PENDING, frame[50], None,
+                    count=len(rnd.contributed))))
+            else:
+                expect.unaddressed += 1
+            what = "pending"
         self._add(f"{what} j{rnd.job.job_id} s{rnd.slot} u{rnd.use} w{worker}",
                   rnd.job.workers[worker], frame, expect)
 

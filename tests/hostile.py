@@ -25,7 +25,7 @@ before the pipeline; frames are pre-built and sent with plain ``send`` calls. At
   that reason (no legitimate frame of a push is dropped), except ``NO_ROUTE``, which the
   hosts' own ICMP errors also reach (at least); ``OLD_CALL`` and ``GENERATION`` by at least
   the hostile ones (the workers ask too); job 2's contributions moved ``AGGREGATED``,
-  ``DUPLICATE`` or ``RETX_ANSWERED`` (at least as many). The table prints every one.
+  ``DUPLICATE``, ``RETX_ANSWERED`` or ``PENDING`` (at least as many). The table prints every one.
 
 Threat model. The switch knows a worker only by (job, worker id, ingress port): whoever can
 put frames on a worker's link speaks for that worker, as in SwitchML (no authentication in the
@@ -117,14 +117,14 @@ PUSH_WINDOW = {"soft": 256, "bmv2": 32}
 OLD_BY = 1000  # old calls are 1..OLD_BY generations behind the job's
 MAX_FRAME = 9014  # the emulation's veths have MTU 9000
 HOST_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET, PacketType.GENERATION)
-ADMITTED = (Stat.AGGREGATED, Stat.DUPLICATE, Stat.RETX_ANSWERED)
+ADMITTED = (Stat.AGGREGATED, Stat.DUPLICATE, Stat.RETX_ANSWERED, Stat.PENDING)
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
 _IPV4_LIKE = (0x0800, 0x8100, 0x88A8, 0x9100)  # EtherTypes the random-bytes class avoids
 
 # What each class of hostile frame must move, one counter key per class: "drop:REASON",
-# "stat:OLD_CALL", "stat:GENERATION" or "stat:ADMITTED" (AGGREGATED, DUPLICATE or
-# RETX_ANSWERED: a contribution to the other job).
+# "stat:OLD_CALL", "stat:GENERATION" or "stat:ADMITTED" (AGGREGATED, DUPLICATE,
+# RETX_ANSWERED or PENDING: a contribution to the other job).
 CLASSES: dict[str, str] = {
     "random bytes": "drop:NO_ROUTE",
     "random IPv4": "drop:NO_ROUTE",
@@ -563,7 +563,7 @@ class Generator:
 
     def _other_jobs_slots(self, index: int) -> bytes:
         # The other job's own workers, its generation, one offset per slot: aggregated there,
-        # a duplicate or answered with the stored sum; never STALE, never another job's sum.
+        # answered PENDING or with the stored sum; never STALE, never another job's sum.
         group, worker = self.rng.choice(self.other[index])
         slot = self.rng.randrange(group.pool_size)
         return self._frame(self.links[index], self._header(

@@ -48,7 +48,7 @@ def test_sequence_reaches_every_counter_and_kind():
     assert set(drops) == set(DropReason), set(DropReason) - set(drops)
     assert sum(e.expect.unaddressed for e in events) > 0
     kinds = {e.kind for e in events}
-    for kind in ("data", "duplicate", "retx", "late copy", "stale", "broadcast", "reset",
+    for kind in ("data", "pending", "retx", "late copy", "stale", "broadcast", "reset",
                  "generation query", "old call", "new call data",
                  "malformed vlan", "malformed qinq", "malformed version", "malformed trailing",
                  "malformed mf", "malformed options", "packet-out, reset tail",

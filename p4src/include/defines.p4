@@ -28,6 +28,7 @@
 #define TYPE_RESET 5
 #define TYPE_ACK 6
 #define TYPE_GENERATION 7         // host: which generation is the job at? switch: this one
+#define TYPE_PENDING 8            // switch: your contribution is in, the copy is still filling
 
 // job_config result_mode
 #define MODE_MULTICAST 0
@@ -43,6 +44,7 @@
 #define STAT_FORWARDED 6
 #define STAT_GENERATION 7         // a generation query answered
 #define STAT_OLD_CALL 8           // a contribution of an older call: not added, answered
+#define STAT_PENDING 9            // a re-sent contribution into a filling copy: PENDING
 #define STAT_NONE 255
 #define STATS_SIZE 16
 

@@ -74,14 +74,17 @@ class SumsWrapLikeInt32(BmlTest):
 
 
 class DuplicateIgnored(BmlTest):
-    """A contribution sent twice before the slot completes is added once."""
+    """A contribution sent twice before the slot completes is added once; the second copy is
+    answered PENDING (header only, the count so far) to its sender only."""
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [1, 2, 3])
         vectors = [random_values() for _ in range(3)]
         before = self.counters()
         tu.send_packet(self, 1, contribution(1, 7, 0, vectors[0]))
-        tu.send_packet(self, 1, contribution(1, 7, 0, vectors[0]))
+        again = contribution(1, 7, 0, vectors[0])
+        tu.send_packet(self, 1, again)
+        tu.verify_packet(self, from_switch(again, 1, PacketType.PENDING, count=1), 1)
         tu.send_packet(self, 2, contribution(2, 7, 1, vectors[1]))
         tu.verify_no_other_packets(self)
         last = contribution(3, 7, 2, vectors[2])
@@ -90,7 +93,62 @@ class DuplicateIgnored(BmlTest):
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, total), port)
         tu.verify_no_other_packets(self)
-        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.DUPLICATE: 1})
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.PENDING: 1})
+
+
+class PendingToSenderOnly(BmlTest):
+    """Re-sends into a copy that still waits for others: each is answered PENDING to its own
+    sender, header only, with the copy's count so far (the re-send's values, exponent and
+    owner change nothing); the other workers get nothing. Once the copy completes, the same
+    re-send gets the stored sum (RESULT_RETX), to that worker only."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3, 4])
+        vectors = [random_values() for _ in range(4)]
+        sent = [contribution(w + 1, 7, w, vectors[w], slot=6, version=1, offset=640,
+                             exponent=130 + w, generation=3) for w in range(4)]
+        before = self.counters()
+        tu.send_packet(self, 1, sent[0])
+        tu.send_packet(self, 3, sent[2])
+        tu.verify_no_other_packets(self)
+        resend = contribution(3, 7, 2, random_values(), slot=6, version=1, offset=640,
+                              exponent=200, generation=3)
+        tu.send_packet(self, 3, resend)
+        tu.verify_packet(self, from_switch(resend, 3, PacketType.PENDING, count=2), 3)
+        tu.verify_no_other_packets(self)
+        tu.send_packet(self, 2, sent[1])
+        tu.send_packet(self, 1, sent[0])
+        tu.verify_packet(self, from_switch(sent[0], 1, PacketType.PENDING, count=3), 1)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.PENDING: 2})
+        tu.send_packet(self, 4, sent[3])
+        total = lane_sums(*vectors)
+        for port in (1, 2, 3, 4):
+            tu.verify_packet(self, from_switch(sent[3], port, PacketType.RESULT, total,
+                                               exponent=133), port)
+        tu.verify_no_other_packets(self)
+        tu.send_packet(self, 3, resend)
+        tu.verify_packet(self, from_switch(resend, 3, PacketType.RESULT_RETX, total,
+                                           exponent=133), 3)
+        tu.verify_no_other_packets(self)
+
+
+class PendingOnToOwnerJob(BmlTest):
+    """On a reduce-scatter (TO_OWNER) job a re-send into the filling copy is answered PENDING
+    to its sender, owner or not (never an ACK, and no owner route needed); a duplicate whose
+    offset is not the copy's is still ignored, silently."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(9, [1, 2, 3], mode=ResultMode.TO_OWNER)
+        values = random_values()
+        before = self.counters()
+        tu.send_packet(self, 1, contribution(1, 9, 0, values, owner=2, slot=2, offset=128))
+        again = contribution(1, 9, 0, values, owner=31, slot=2, offset=128)
+        tu.send_packet(self, 1, again)
+        tu.verify_packet(self, from_switch(again, 1, PacketType.PENDING, count=1), 1)
+        tu.send_packet(self, 1, contribution(1, 9, 0, values, owner=2, slot=2, offset=192))
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 1, Stat.PENDING: 1, Stat.DUPLICATE: 1})
 
 
 class RetransmissionAfterCompletion(BmlTest):
@@ -175,14 +233,16 @@ class LateCopyAfterMovingOn(BmlTest):
         tu.send_packet(self, 1, sent1[0])  # worker 0 moves on, then worker 2
         tu.send_packet(self, 3, sent1[2])
         tu.send_packet(self, 1, contribution(1, 7, 0, round0[0], slot=1, offset=0))  # late
-        tu.send_packet(self, 1, sent1[0])  # worker 0 re-sends: still a duplicate
+        tu.verify_no_other_packets(self)
+        tu.send_packet(self, 1, sent1[0])  # worker 0 re-sends: it is in, still PENDING
+        tu.verify_packet(self, from_switch(sent1[0], 1, PacketType.PENDING, count=2), 1)
         tu.verify_no_other_packets(self)
         tu.send_packet(self, 2, sent1[1])
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(sent1[1], port, PacketType.RESULT,
                                                lane_sums(*round1)), port)
         tu.verify_no_other_packets(self)
-        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.DUPLICATE: 2,
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.DUPLICATE: 1, Stat.PENDING: 1,
                                      Stat.COMPLETED: 1})
 
 

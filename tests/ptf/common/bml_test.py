@@ -197,14 +197,16 @@ def contribution(port: int, job: int, worker: int, values, slot: int = 0, versio
 
 
 def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | None = None,
-                generation: int | None = None):
+                generation: int | None = None, count: int | None = None):
     """What the switch sends to the host on ``port`` in answer to ``trigger``: the trigger's
     IPv4 identification and BML fields, the switch's addresses, the given type and values
-    (``None`` for a header-only ACK or GENERATION answer)."""
+    (``None`` for a header-only ACK, GENERATION or PENDING answer; a PENDING carries the
+    copy's ``count``)."""
     bml = trigger[BML]
     header = BML(type=ptype, version=bml.version, job_id=bml.job_id, worker_id=bml.worker_id,
                  owner_id=bml.owner_id, slot=bml.slot,
-                 exponent=bml.exponent if exponent is None else exponent, count=bml.count,
+                 exponent=bml.exponent if exponent is None else exponent,
+                 count=bml.count if count is None else count,
                  generation=bml.generation if generation is None else generation,
                  offset=bml.offset)
     # The switch writes fixed lengths (a trailer after the values travels along uncounted).
