@@ -45,11 +45,13 @@ MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each rang
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
 DEFAULT_WINDOW = 256  # slots in flight per switch channel, at most
-# Aggregation frames one NIC keeps in flight, in bytes: with the mesh's TCP budget
-# (hosts.sockets.QUEUE_BUDGET, 192 KB) the 256 KB a shaped link queues. More in flight only
-# waits in that queue (a slot's answer needs every member's frame, not a deep queue), and
-# where a NIC also carries TCP, or several channels, it overflowed it: drops, re-sends.
+# Aggregation frames one NIC keeps in flight, in bytes, where it also streams host to host
+# (a step partly or wholly in the hosts on its level): with the mesh's TCP budget
+# (hosts.sockets.QUEUE_BUDGET, 192 KB) the 256 KB a shaped link queues; both at once
+# overflowed it (drops, re-sends). A NIC without streams may fill the queue: under loss,
+# many slots in flight keep the link busy while some wait for a re-send.
 NIC_FRAME_BUDGET = 64_000
+LINK_QUEUE_BYTES = 256_000
 FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
 MIN_CHANNEL_WINDOW = 16
 
@@ -340,16 +342,20 @@ def channel_window(blocks: int, window: int) -> int:
 
 def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -> list[int]:
     """Per NIC of ``server``, the window of each of its switch channels: ``window``, or less
-    so that the NIC's channels keep at most NIC_FRAME_BUDGET bytes in flight together. Every
-    member of a channel computes the same (a level's channels are the same for all of a
-    group's members)."""
+    so that the NIC's channels keep at most NIC_FRAME_BUDGET bytes in flight together where
+    it also streams host to host, LINK_QUEUE_BYTES where not. Every member of a channel
+    computes the same (a level's steps are the same for all of a group's members)."""
     channels = [0] * schedule.topology.k
+    streams = [False] * schedule.topology.k
     for p in range(len(schedule.stripes)):
         for step in schedule.steps_of(p, server):
             if step.op is not Op.AG and step.switch_share > 0:
                 channels[step.dim] += 1
-    return [min(window, max(MIN_CHANNEL_WINDOW, NIC_FRAME_BUDGET // (FRAME_WIRE_BYTES * c)))
-            if c else window for c in channels]
+            if step.switch_share < 1:
+                streams[step.dim] = True
+    return [min(window, max(MIN_CHANNEL_WINDOW, (NIC_FRAME_BUDGET if streaming
+                                                 else LINK_QUEUE_BYTES) // (FRAME_WIRE_BYTES * c)))
+            if c else window for c, streaming in zip(channels, streams, strict=True)]
 
 
 def flushes(channel_blocks: int, window: int) -> int:

@@ -15,6 +15,7 @@ from bml.schedule import (
     FRAME_WIRE_BYTES,
     HOST_BASED,
     IN_NETWORK,
+    LINK_QUEUE_BYTES,
     MIXED,
     NIC_FRAME_BUDGET,
     Layout,
@@ -189,16 +190,17 @@ def test_wire_prediction_prices_every_header():
 
 
 def test_a_nics_channels_share_one_budget_of_frames_in_flight():
-    """bcube:3,2 in-network: two channels per NIC (a reduce-scatter, an allreduce); mixed
-    the same; host-based none; a star's one channel keeps the whole budget."""
+    """bcube:3,2 mixed: two channels per NIC (a reduce-scatter, an allreduce) beside TCP
+    streams, so a quarter of the link's queue between them; in-network: no streams, the
+    whole queue (the window's cap); host-based: no channels."""
     topo = Topology.parse("bcube:3,2")
-    for name in (IN_NETWORK, MIXED):
-        windows = nic_windows(make_schedule(topo, name), 4)
-        assert windows == [NIC_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    windows = nic_windows(make_schedule(topo, MIXED), 4)
+    assert windows == [NIC_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    assert nic_windows(make_schedule(topo, IN_NETWORK), 4) == [256, 256]
+    assert nic_windows(make_schedule(topo, IN_NETWORK), 4, 1024) == [
+        LINK_QUEUE_BYTES // (2 * FRAME_WIRE_BYTES)] * 2
     assert nic_windows(make_schedule(topo, HOST_BASED), 4) == [256, 256]
     assert nic_windows(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0, 64) == [64]
-    assert nic_windows(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0) == [
-        NIC_FRAME_BUDGET // FRAME_WIRE_BYTES]
 
 
 def test_planner_picks_the_least_predicted_gst():
