@@ -16,6 +16,7 @@ import pytest
 
 from control_plane.fabric import Fabric
 from emulation import net
+from emulation.netns import Shaping
 from emulation.workers import run_pushes, start_pushes, wait_for_progress, wait_pushes
 from tests.conftest import NETNS_REASON, emulation
 from tests.test_faults_control import TARGETS
@@ -138,12 +139,13 @@ def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, t
 
 def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
     """bcube:3,2 mixed: server 4's level-0 NIC loses its carrier mid-push; its group (3, 4, 5)
-    runs level 0 in the hosts."""
-    with emulation("trl", "bcube:3,2") as state:
+    runs level 0 in the hosts. Links at 5 Mbit/s, so that the push outlasts the detection
+    (unshaped, the software target sums 1M floats before a silent switch is declared down)."""
+    with emulation("trl", "bcube:3,2", shaping=Shaping(rate="5mbit")) as state:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "mixed")
         results, grads = fault_mid_push(
             state, JOB, "mixed", tmp_path,
-            lambda: net.fail_link(state, "h4", "eth0", end="switch"), size=300_000)
+            lambda: net.fail_link(state, "h4", "eth0", end="switch"), size=1 << 20)
         replanned(results, "switch s0_1 (10.1.255.2, level 0) stopped answering", "s0_1",
                   "3, 4, 5")
         assert_correct(results, grads)

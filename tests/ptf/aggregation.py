@@ -117,7 +117,8 @@ class PendingToSenderOnly(BmlTest):
         tu.verify_packet(self, from_switch(resend, 3, PacketType.PENDING, count=2), 3)
         tu.verify_no_other_packets(self)
         tu.send_packet(self, 2, sent[1])
-        tu.send_packet(self, 1, sent[0])
+        tu.verify_no_other_packets(self)  # added before the re-send (BMv2 keeps no order
+        tu.send_packet(self, 1, sent[0])  # across ports)
         tu.verify_packet(self, from_switch(sent[0], 1, PacketType.PENDING, count=3), 1)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.PENDING: 2})
