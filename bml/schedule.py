@@ -45,13 +45,17 @@ MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each rang
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
 DEFAULT_WINDOW = 256  # slots in flight per switch channel, at most
-# Aggregation frames one NIC keeps in flight, in bytes, where it also streams host to host
-# (a step partly or wholly in the hosts on its level): with the mesh's TCP budget
-# (hosts.sockets.QUEUE_BUDGET, 192 KB) the 256 KB a shaped link queues; both at once
-# overflowed it (drops, re-sends). A NIC without streams may fill the queue: under loss,
-# many slots in flight keep the link busy while some wait for a re-send.
-NIC_FRAME_BUDGET = 64_000
+# How a NIC's share of its link's queue (bml-net's tbf queue: 256 KB) is split between the
+# aggregation frames it keeps in flight and the host-to-host streams (TCP) it keeps
+# unacknowledged. Alone, either may have the whole queue (TCP keeps 3/4 of it, for bursts:
+# hosts.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
+# filling 192 KB of FIFO queue made every answer wait behind it, so the first step ran
+# ahead and the later ones lagged, and frames and TCP together overflowed it: frames 128 KB,
+# streams 64 KB (bcube:3,2 mixed at 2 Mbit/s: 1.30x -> 1.20x of its prediction).
 LINK_QUEUE_BYTES = 256_000
+SHARED_FRAME_BUDGET = 128_000
+SHARED_STREAM_BUDGET = 64_000
+STREAM_BUDGET = 192_000  # = hosts.sockets.QUEUE_BUDGET (checked in tests)
 FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
 MIN_CHANNEL_WINDOW = 16
 
@@ -340,11 +344,8 @@ def channel_window(blocks: int, window: int) -> int:
     return min(range(window, window // 2 - 1, -1), key=lambda w: _odd_slots(blocks, w))
 
 
-def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -> list[int]:
-    """Per NIC of ``server``, the window of each of its switch channels: ``window``, or less
-    so that the NIC's channels keep at most NIC_FRAME_BUDGET bytes in flight together where
-    it also streams host to host, LINK_QUEUE_BYTES where not. Every member of a channel
-    computes the same (a level's steps are the same for all of a group's members)."""
+def _nic_use(schedule: Schedule, server: int) -> list[tuple[int, bool]]:
+    """Per NIC of ``server``: (its switch channels, whether it also streams host to host)."""
     channels = [0] * schedule.topology.k
     streams = [False] * schedule.topology.k
     for p in range(len(schedule.stripes)):
@@ -353,9 +354,24 @@ def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -
                 channels[step.dim] += 1
             if step.switch_share < 1:
                 streams[step.dim] = True
-    return [min(window, max(MIN_CHANNEL_WINDOW, (NIC_FRAME_BUDGET if streaming
+    return list(zip(channels, streams, strict=True))
+
+
+def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -> list[int]:
+    """Per NIC of ``server``, the window of each of its switch channels: ``window``, or less
+    so that the NIC's channels keep at most their share of the link's queue in flight
+    together (SHARED_FRAME_BUDGET beside streams, else LINK_QUEUE_BYTES). Every member of a
+    channel computes the same (a level's steps are the same for all of a group's members)."""
+    return [min(window, max(MIN_CHANNEL_WINDOW, (SHARED_FRAME_BUDGET if streaming
                                                  else LINK_QUEUE_BYTES) // (FRAME_WIRE_BYTES * c)))
-            if c else window for c, streaming in zip(channels, streams, strict=True)]
+            if c else window for c, streaming in _nic_use(schedule, server)]
+
+
+def stream_budgets(schedule: Schedule, server: int) -> list[int]:
+    """Per NIC of ``server``, the bytes its host-to-host streams keep unacknowledged in all
+    (split among the level's n - 1 neighbours by the mesh)."""
+    return [SHARED_STREAM_BUDGET if channels else STREAM_BUDGET
+            for channels, _streaming in _nic_use(schedule, server)]
 
 
 def flushes(channel_blocks: int, window: int) -> int:

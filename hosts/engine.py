@@ -70,6 +70,7 @@ from bml.schedule import (
     make_schedule,
     nic_windows,
     split,
+    stream_budgets,
     stripe_job_id,
 )
 from bml.topology import Topology
@@ -407,7 +408,7 @@ class Engine:
         addresses = [tuple(nic.ip for nic in self.whole.nics(m)) for m in self.members]
         try:
             return Mesh(self.job, self.server, self.topology, self.start_timeout, detours,
-                        addresses)
+                        addresses, stream_budgets(self.schedule, self.server))
         except MeshError as exc:
             raise TransportError(str(exc)) from None
 

@@ -135,13 +135,17 @@ class Mesh:
 
     def __init__(self, job: int, server: int, topology: Topology, start_timeout: float,
                  detours: dict[int, int] | None = None,
-                 addresses: list[tuple[str, ...]] | None = None) -> None:
+                 addresses: list[tuple[str, ...]] | None = None,
+                 budgets: list[int] | None = None) -> None:
         """``detours``: level -> the level whose NICs reach this server's neighbours on it
         (their switch failed: the routes through relay servers, ``Topology.detour_routes``,
         carry the connection). ``addresses``: per server of ``topology``, its NICs'
-        addresses, when they are not the topology's own (a job shrunk to its survivors)."""
+        addresses, when they are not the topology's own (a job shrunk to its survivors).
+        ``budgets``: per level, the bytes its connections keep unacknowledged in all (default
+        hosts.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames)."""
         self.job, self.server, self.topology = job, server, topology
         self.detours = dict(detours or {})
+        self.budgets = budgets or [QUEUE_BUDGET] * topology.k
         self.addresses = addresses or [tuple(nic.ip for nic in topology.nics(s))
                                        for s in range(topology.num_servers)]
         self.peers: dict[tuple[int, int], Peer] = {}  # (dim, server) -> peer
@@ -288,8 +292,9 @@ class Mesh:
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
         # Each NIC receives from its n - 1 neighbours on that level at once: pace every
-        # connection to its share of the link's queue (hosts.sockets.QUEUE_BUDGET).
-        limit = max(9000, QUEUE_BUDGET // max(1, self.topology.n - 1))
+        # connection to its share of the link's queue (``budgets``).
+        budget = self.budgets[self.detours.get(dim, dim)]  # the NIC it goes through
+        limit = max(9000, budget // max(1, self.topology.n - 1))
         self.peers[(dim, other)] = Peer(other, dim, sock, limit=limit)
 
     @staticmethod

@@ -17,7 +17,9 @@ from bml.schedule import (
     IN_NETWORK,
     LINK_QUEUE_BYTES,
     MIXED,
-    NIC_FRAME_BUDGET,
+    SHARED_FRAME_BUDGET,
+    SHARED_STREAM_BUDGET,
+    STREAM_BUDGET,
     Layout,
     Op,
     ScheduleError,
@@ -28,11 +30,13 @@ from bml.schedule import (
     make_schedule,
     nic_windows,
     split,
+    stream_budgets,
     stripe_job_id,
     traffic,
 )
 from bml.topology import Topology
 from control_plane.jobs import JobError, plan_scheduled_job
+from hosts.sockets import QUEUE_BUDGET
 
 # (topology, schedule) -> (up, down) of the busiest NIC in units of a stripe S = G / k,
 # payload only. Derived by hand (DESIGN.md, "BCube and the synchronisation schedules"):
@@ -191,11 +195,15 @@ def test_wire_prediction_prices_every_header():
 
 def test_a_nics_channels_share_one_budget_of_frames_in_flight():
     """bcube:3,2 mixed: two channels per NIC (a reduce-scatter, an allreduce) beside TCP
-    streams, so a quarter of the link's queue between them; in-network: no streams, the
-    whole queue (the window's cap); host-based: no channels."""
+    streams, so they share the link's queue; in-network: no streams, the whole queue (the
+    window's cap); host-based: no channels, the streams keep what they always had."""
     topo = Topology.parse("bcube:3,2")
     windows = nic_windows(make_schedule(topo, MIXED), 4)
-    assert windows == [NIC_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    assert windows == [SHARED_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    assert stream_budgets(make_schedule(topo, MIXED), 4) == [SHARED_STREAM_BUDGET] * 2
+    assert SHARED_FRAME_BUDGET + SHARED_STREAM_BUDGET < LINK_QUEUE_BYTES
+    assert stream_budgets(make_schedule(topo, HOST_BASED), 4) == [QUEUE_BUDGET] * 2
+    assert STREAM_BUDGET == QUEUE_BUDGET
     assert nic_windows(make_schedule(topo, IN_NETWORK), 4) == [256, 256]
     assert nic_windows(make_schedule(topo, IN_NETWORK), 4, 1024) == [
         LINK_QUEUE_BYTES // (2 * FRAME_WIRE_BYTES)] * 2
