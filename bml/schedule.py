@@ -51,7 +51,7 @@ DEFAULT_WINDOW = 256  # slots in flight per switch channel, at most
 # hosts.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
 # filling 192 KB of FIFO queue made every answer wait behind it, so the first step ran
 # ahead and the later ones lagged, and frames and TCP together overflowed it: frames 128 KB,
-# streams 64 KB (bcube:3,2 mixed at 2 Mbit/s: 1.30x -> 1.20x of its prediction).
+# streams 64 KB (bcube:3,2 mixed at 2 Mbit/s: 1.30x -> 1.16x of its prediction).
 LINK_QUEUE_BYTES = 256_000
 SHARED_FRAME_BUDGET = 128_000
 SHARED_STREAM_BUDGET = 64_000
