@@ -326,7 +326,7 @@ class SwitchChannel:
         """(last sent, self, slot) of every slot whose answer is overdue: one timeout after
         the last send, doubling per retry from the second (per-slot back-off); a slot
         answered PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with
-        every further PENDING."""
+        further PENDINGs (twice at most)."""
         base, cap = rto.value, rto.cap
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         overdue = []
@@ -334,7 +334,8 @@ class SwitchChannel:
             if frame is None:
                 continue
             if pending[slot]:
-                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+                # Doubling twice at most: a slot whose answer is lost must not wait long.
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << min(pending[slot] - 1, 2))
             else:
                 wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
             if now - last_sent[slot] > wait:

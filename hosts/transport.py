@@ -23,10 +23,9 @@ retry of the slot, and for every slot after any timer fired until a clean sample
 re-sent contribution is idempotent at the switch, which answers it with the stored result once
 the slot is complete. Until the first answer only one slot is re-sent, as a probe: the other
 workers may simply not have started yet. A re-send into a copy that still waits for others
-is answered PENDING: the contribution is in, so the slot is re-sent again only after
-``PENDING_FALLBACK`` timeouts (in case its answer is lost). Late or duplicate results are
-recognised by slot, version and offset and ignored. Every wait is bounded: the priming round by
-``start_timeout``, the whole call by ``timeout``.
+is answered PENDING (counted; this path re-sends on its timers regardless). Late or
+duplicate results are recognised by slot, version and offset and ignored. Every wait is
+bounded: the priming round by ``start_timeout``, the whole call by ``timeout``.
 """
 
 from __future__ import annotations
@@ -63,9 +62,6 @@ RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
-# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
-# the others) is re-sent only after this many of its timeouts: in case its answer is lost.
-PENDING_FALLBACK = 4
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _ANSWER_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK,
@@ -353,9 +349,10 @@ class AggregationTransport:
                     stats.duplicates_ignored += 1
                     continue
                 if ptype == PacketType.PENDING:
-                    # The contribution is in; the copy waits for the others. Only the
-                    # fallback re-sends it (its answer may still be lost), from now.
-                    last_sent[slot] = time.monotonic()
+                    # The contribution is in; the copy waits for the others. Counted only:
+                    # holding this path's re-sends back on it left a 5%-loss push with
+                    # slots unanswered for 60 s once (not understood yet), so the one-NIC
+                    # path keeps re-sending on its timers as before.
                     if not pending[slot]:
                         pending[slot] = 1
                         stats.pending += 1
@@ -398,8 +395,7 @@ class AggregationTransport:
                 for slot in range(window if stats.results else 1):
                     frame = frames[slot]
                     if frame is not None and now - last_sent[slot] > min(
-                            max_rto, rto * (1 << min(retries[slot], 8))) * (
-                            PENDING_FALLBACK if pending[slot] else 1):
+                            max_rto, rto * (1 << min(retries[slot], 8))):
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1
