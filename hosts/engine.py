@@ -293,7 +293,7 @@ class SwitchChannel:
         if not self.pending[slot]:
             self.nic.refund()  # the first one only: later ones are the fallback's
             self.call.stats.pending += 1
-        self.pending[slot] = min(self.pending[slot] + 1, 8)
+        self.pending[slot] = min(self.pending[slot] + 1, 3)  # the fallback doubles twice
 
     def on_result(self, ptype: int, version: int, slot: int, offset: int, generation: int,
                   buffer: bytearray, size: int) -> None:
@@ -335,7 +335,7 @@ class SwitchChannel:
                 continue
             if pending[slot]:
                 # Doubling twice at most: a slot whose answer is lost must not wait long.
-                wait = min(cap, base) * PENDING_FALLBACK * (1 << min(pending[slot] - 1, 2))
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
             else:
                 wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
             if now - last_sent[slot] > wait:
