@@ -25,6 +25,7 @@ from bml.protocol import (
     ETH_IP_UDP_BYTES,
     FRAME_BYTES,
     HEADER_BYTES,
+    ONE_NIC_WINDOW,
     VALUES_BYTES,
     VALUES_PER_PACKET,
 )
@@ -109,10 +110,12 @@ def nic_wire_bytes(nic: NicTraffic, mtu: int = DEFAULT_MTU) -> tuple[float, floa
 
 class NicLoad:
     """What follows from bytes per NIC (``nic_bytes[server][nic] = (up, down)``) on links of
-    ``rate_bps`` each way: GST is the busier direction of the busiest NIC over the rate."""
+    ``rate_bps`` each way: GST is the busier direction of the busiest NIC over the rate, plus
+    ``serial_bytes`` that cannot overlap it (a pipeline's fill and drain)."""
 
     nic_bytes: tuple[tuple[tuple[float, float], ...], ...]
     rate_bps: float
+    serial_bytes: float = 0.0
 
     @property
     def busiest(self) -> float:
@@ -120,7 +123,7 @@ class NicLoad:
 
     @property
     def gst(self) -> float:
-        return self.busiest * 8 / self.rate_bps
+        return (self.busiest + self.serial_bytes) * 8 / self.rate_bps
 
     @property
     def max_up(self) -> float:
@@ -210,6 +213,7 @@ class WirePrediction(NicLoad):
     rate_bps: float
     nic_bytes: tuple[tuple[tuple[float, float], ...], ...]
     switches: int
+    serial_bytes: float = 0.0
 
 
 def tcp_nic_bytes(sent: float, received: float, mtu: int = DEFAULT_MTU) -> tuple[float, float]:
@@ -251,7 +255,12 @@ def predict_ps(elements: int, workers: int, rate_bps: float, servers: int | None
     nics = [(tcp_nic_bytes(whole, whole, mtu),) for _ in range(workers)]
     nics += [(tcp_nic_bytes(workers * ps_message_bytes(s), workers * ps_message_bytes(s),
                             mtu),) for s in sizes]
-    return WirePrediction(PS_DEDICATED, elements, rate_bps, tuple(nics), 1)
+    # A PS host sends a chunk's sum only once all W contributions to it are in: its sending
+    # starts a chunk from every worker after its receiving (fill), and the last chunk's W
+    # sums leave after the last contribution came (drain): W messages that overlap nothing.
+    chunk = min(PS_CHUNK_VALUES, max(sizes))
+    serial = workers * tcp_wire(ps_message_bytes(chunk), mtu)[0]
+    return WirePrediction(PS_DEDICATED, elements, rate_bps, tuple(nics), 1, serial)
 
 
 def predict_ring(elements: int, workers: int, rate_bps: float,
@@ -422,7 +431,7 @@ def claim_table(smallest: int = 9, largest: int = 4096) -> list[ClaimRow]:
     return sorted(rows, key=lambda r: (r.servers, r.k))
 
 
-def single_switch_frames(elements: int, window: int = DEFAULT_WINDOW) -> int:
+def single_switch_frames(elements: int, window: int = ONE_NIC_WINDOW) -> int:
     """Frames one worker sends (and receives) in one call of the one-NIC transport
     (hosts/transport.py): a priming use of every slot, one use per chunk, and a zero flush
     where a slot would end on an odd number of uses."""
@@ -433,7 +442,7 @@ def single_switch_frames(elements: int, window: int = DEFAULT_WINDOW) -> int:
 
 
 def predict_single_switch(elements: int, workers: int, rate_bps: float,
-                          window: int = DEFAULT_WINDOW) -> WirePrediction:
+                          window: int = ONE_NIC_WINDOW) -> WirePrediction:
     """SwitchML-style aggregation on star:N with one NIC per worker: every frame up comes
     back down as the slot's sum (multicast)."""
     wire = single_switch_frames(elements, window) * FRAME_BYTES
