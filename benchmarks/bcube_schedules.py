@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import parse_size, run_workers
 from bml import cost_model
-from bml.schedule import HOST_BASED, IN_NETWORK, MIXED, make_schedule
+from bml.schedule import DEFAULT_WINDOW, HOST_BASED, IN_NETWORK, MIXED, make_schedule
 from bml.topology import Topology
 from control_plane.fabric import Fabric
 from emulation import net
@@ -55,7 +55,8 @@ def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int
             "busiest_up": busiest_up, "busiest_down": busiest_down,
             "predicted_up": prediction.max_up, "predicted_down": prediction.max_down,
             "bytes_ratio_min": min(ratios), "bytes_ratio_max": max(ratios),
-            "retransmissions": run.retransmissions,
+            "retransmissions": run.retransmissions, "resent": run.resent(),
+            "tcp_retransmissions": run.tcp_retransmissions,
             "goodput_bps": 32 * size / run.gst}
 
 
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                         "up with for 9 workers and 6 switch processes)")
     parser.add_argument("--size", type=parse_size, default=4 << 20, help="float32 per server")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
-    parser.add_argument("--window", type=int, default=256,
-                        help="slots in flight per channel (the job's pool is made to fit)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                        help="slots per switch channel (the job's pool is made to fit)")
     parser.add_argument("--name", default="bsched")
     args = parser.parse_args(argv)
     rate = rate_bits(args.rate)
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     state = net.up(args.name, args.topo, "soft", Shaping(rate=args.rate))
     try:
         fabric = Fabric.load(state.run_dir / "fabric.json")
-        fabric.add_scheduled_job(1, pool_size=max(256, args.window))
+        fabric.add_scheduled_job(1, pool_size=max(DEFAULT_WINDOW, args.window))
         with tempfile.TemporaryDirectory(prefix="bml-bsched-") as tmp:
             for schedule in args.schedules:
                 row = measure(state, schedule, args.size, rate, Path(tmp), args.window)
@@ -112,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  measured  {schedule:>10}: GST {row['gst']:7.2f} s "
                       f"({row['gst'] / row['predicted_gst']:.2f} of predicted), NIC bytes "
                       f"{row['bytes_ratio_min']:.3f}-{row['bytes_ratio_max']:.3f} of predicted,"
-                      f" sums {'correct' if row['correct'] else 'WRONG'}", flush=True)
+                      f" sums {'correct' if row['correct'] else 'WRONG'}; re-sent frames by "
+                      f"rule {row['resent']}, TCP segments {row['tcp_retransmissions']}",
+                      flush=True)
     finally:
         net.down(args.name)
     lines = table(rows)

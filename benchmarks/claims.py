@@ -32,7 +32,8 @@ import numpy as np
 from benchmarks.common import Run, have_torch, parse_size, run_workers
 from bml import cost_model
 from bml.cost_model import PS, PS_DEDICATED, RING, SINGLE_SWITCH, WirePrediction
-from bml.schedule import HOST_BASED, IN_NETWORK, MIXED, make_schedule
+from bml.protocol import ONE_NIC_WINDOW
+from bml.schedule import DEFAULT_WINDOW, HOST_BASED, IN_FLIGHT, IN_NETWORK, MIXED, make_schedule
 from bml.topology import Topology
 from control_plane.fabric import Fabric
 from emulation import net
@@ -195,8 +196,10 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", default="2mbit")
-    parser.add_argument("--window", type=int, default=256,
-                        help="slots in flight per switch channel (BML schemes)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                        help="slots per switch channel (BML schedules)")
+    parser.add_argument("--one-nic-window", type=int, default=ONE_NIC_WINDOW,
+                        help="slots in flight of the single-switch scheme")
     parser.add_argument("--sizes", type=parse_size, nargs="+", default=[1 << 18, 1 << 20])
     parser.add_argument("--bcubes", nargs="+", default=["2,2", "3,2"],
                         help="n,k of each BCube (a star of the same servers is run beside)")
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         for pair in args.bcubes:
             n, k = (int(x) for x in pair.split(","))
             rows += run_star(n, k, args.sizes, args.rate, f"{args.name}s", Path(tmp),
-                             torch_ok, args.window, log_row)
+                             torch_ok, args.one_nic_window, log_row)
             rows += run_bcube(n, k, args.sizes, args.rate, f"{args.name}b", Path(tmp),
                               args.window, log_row)
     minutes = (time.monotonic() - started) / 60
@@ -267,7 +270,8 @@ def fat_tree_table(all_rows: bool = False) -> list[str]:
 def write_results(rows: list[dict], args, torch_ok: bool, host: str, minutes: float) -> None:
     rate = rate_bits(args.rate)
     out = [f"Machine: {host}. Links shaped to {rate / 1e6:g} Mbit/s per direction (tbf, "
-           f"the project's default queue); software target; BML windows {args.window} slots; "
+           f"the project's default queue); software target; BML schedules {args.window} slots "
+           f"per switch channel ({IN_FLIGHT} in flight), single-switch {args.one_nic_window}; "
            f"total run {minutes:.1f} min. CPU busy: the whole machine's busy share during "
            "the scheme's run (everybody's processes).", ""]
     for pair in args.bcubes:

@@ -63,6 +63,14 @@ class Run:
         """Aggregation frames the BML workers re-sent."""
         return sum(r.get("retransmissions", 0) for r in self.reports)
 
+    def resent(self) -> dict[str, int]:
+        """The BML workers' re-sends by why the slot was overdue (hosts.engine.EngineStats)."""
+        totals: dict[str, int] = {}
+        for report in self.reports:
+            for why, count in report.get("resent", {}).items():
+                totals[why] = totals.get(why, 0) + count
+        return totals
+
     @property
     def tcp_retransmissions(self) -> int:
         """Segments TCP re-sent (host-to-host traffic: PS, ring, the BML mesh)."""

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out")
     parser.add_argument("--job", type=int, default=1)
     parser.add_argument("--schedule")
-    parser.add_argument("--window", type=int, default=256, help="bml: slots in flight")
+    parser.add_argument("--window", type=int, help="bml: slots per switch channel (bml-host's "
+                        "default)")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on each call (s)")
     parser.add_argument("--servers", type=int)
     parser.add_argument("--master")
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                       "pending": scheme.last_stats.pending,
                      "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
                      "repairs_asked": getattr(scheme.last_stats, "repairs_asked", 0),
+                     "resent": {why: getattr(scheme.last_stats, f"resent_{why}", 0)
+                                for why in ("ordered", "stalled", "pending")},
                      "last_result": getattr(scheme.last_stats, "last_result", 0.0) - started,
                      "schedule": scheme.schedule_name}
     finally:

@@ -28,6 +28,7 @@ JOB_UDP_PORT_BASE = 40000  # host side: workers of job J bind JOB_UDP_PORT_BASE 
 MAX_JOB_ID = 4095  # keeps job ports below BML_UDP_PORT
 MESH_TCP_PORT_BASE = 48000  # host side: job J's workers listen for their neighbours here + J
 POOL_SLOTS = 4096  # aggregation slots per switch, shared out among jobs by the control plane
+ONE_NIC_WINDOW = 256  # slots (= frames in flight) of the one-NIC transport, by default
 LANES_PER_BLOCK = 32
 VALUES_PER_PACKET = 2 * LANES_PER_BLOCK  # int32 values carried by every aggregation packet
 MAX_WORKERS = 32  # width of the per-slot worker bitmap

@@ -44,7 +44,13 @@ BLOCK_BYTES = 4 * BLOCK_VALUES
 MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each range's start
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
-DEFAULT_WINDOW = 256  # slots in flight per switch channel, at most
+# A switch channel uses DEFAULT_WINDOW slots of its job's pool (per switch and stripe) but keeps
+# at most IN_FLIGHT frames in flight: a slot waiting for a re-send or for a co-worker's
+# (lost and re-sent) contribution holds its slot, not a place in the link's queue, so under
+# loss the other slots keep the link busy (star:4 at 10% loss each way: the window of 256
+# slots was the bound).
+DEFAULT_WINDOW = 512
+IN_FLIGHT = 256
 # How a NIC's share of its link's queue (bml-net's tbf queue: 256 KB) is split between the
 # aggregation frames it keeps in flight and the host-to-host streams (TCP) it keeps
 # unacknowledged. Alone, either may have the whole queue (TCP keeps 3/4 of it, for bursts:
@@ -357,14 +363,13 @@ def _nic_use(schedule: Schedule, server: int) -> list[tuple[int, bool]]:
     return list(zip(channels, streams, strict=True))
 
 
-def nic_windows(schedule: Schedule, server: int, window: int = DEFAULT_WINDOW) -> list[int]:
-    """Per NIC of ``server``, the window of each of its switch channels: ``window``, or less
-    so that the NIC's channels keep at most their share of the link's queue in flight
-    together (SHARED_FRAME_BUDGET beside streams, else LINK_QUEUE_BYTES). Every member of a
-    channel computes the same (a level's steps are the same for all of a group's members)."""
-    return [min(window, max(MIN_CHANNEL_WINDOW, (SHARED_FRAME_BUDGET if streaming
-                                                 else LINK_QUEUE_BYTES) // (FRAME_WIRE_BYTES * c)))
-            if c else window for c, streaming in _nic_use(schedule, server)]
+def nic_in_flight(schedule: Schedule, server: int, limit: int = IN_FLIGHT) -> list[int]:
+    """Per NIC of ``server``, the frames each of its switch channels keeps in flight at most:
+    ``limit``, or less so that the NIC's channels keep at most their share of the link's queue
+    in flight together (SHARED_FRAME_BUDGET beside streams, else LINK_QUEUE_BYTES)."""
+    return [min(limit, max(MIN_CHANNEL_WINDOW, (SHARED_FRAME_BUDGET if streaming
+                                                else LINK_QUEUE_BYTES) // (FRAME_WIRE_BYTES * c)))
+            if c else limit for c, streaming in _nic_use(schedule, server)]
 
 
 def stream_budgets(schedule: Schedule, server: int) -> list[int]:
@@ -416,7 +421,6 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
     topo, schedule = layout.topology, layout.schedule
     n = topo.n
     nics = [NicTraffic() for _ in range(topo.k)]
-    windows = nic_windows(schedule, server, window) if window else [None] * topo.k
     me = topo.digits(server)
     for p in range(len(schedule.stripes)):
         pieces = layout.pieces(p, server)
@@ -436,7 +440,7 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
                         _send(nic.up, length(host))
                 _send(nic.down, length(parts[mine][1]), n - 1)
                 if window and switch_blocks:
-                    extra = flushes(switch_blocks, windows[step.dim])
+                    extra = flushes(switch_blocks, window)
                     nic.up.frames += extra
                     if mine == 0:  # a flush's "owner" is worker 0
                         nic.down.frames += extra
@@ -447,7 +451,7 @@ def _traffic_of(layout: Layout, server: int, window: int | None,
                 nic.up.frames += blocks
                 nic.down.frames += blocks
                 if window and blocks:
-                    extra = flushes(blocks, windows[step.dim])
+                    extra = flushes(blocks, window)
                     nic.up.frames += extra
                     nic.down.frames += extra
             else:  # AG: gather piece[j] from every server's piece[j + 1]

@@ -14,7 +14,15 @@ import subprocess
 import numpy as np
 
 from bml.cost_model import choose
-from bml.schedule import AUTO, SCHEDULES, Schedule, ScheduleError, make_schedule
+from bml.protocol import ONE_NIC_WINDOW
+from bml.schedule import (
+    AUTO,
+    DEFAULT_WINDOW,
+    SCHEDULES,
+    Schedule,
+    ScheduleError,
+    make_schedule,
+)
 from bml.topology import Topology
 from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
 from hosts.engine import Engine, EngineStats
@@ -101,7 +109,8 @@ class Worker:
 
     def __init__(self, job: int, rank: int | None = None, world: int | None = None,
                  interface: str | None = None, switch: str | None = None,
-                 local_ip: str | None = None, window: int = 256, timeout: float = 60.0,
+                 local_ip: str | None = None, window: int | None = None,
+                 timeout: float = 60.0,
                  start_timeout: float = 10.0, schedule: str | None = None,
                  fabric: str | None = None, elastic: bool | None = None) -> None:
         self.schedule: Schedule | None = None
@@ -121,7 +130,8 @@ class Worker:
                 own, behind = interface_addresses(interface)
                 local_ip = local_ip or own
                 switch = switch or behind
-            self.transport = AggregationTransport(job, rank, world, local_ip, switch, window,
+            self.transport = AggregationTransport(job, rank, world, local_ip, switch,
+                                                  window or ONE_NIC_WINDOW,
                                                   timeout, start_timeout)
             self.interfaces = [interface]
         else:
@@ -147,6 +157,7 @@ class Worker:
             if elastic and topology.k != 1:
                 raise ValueError(f"--elastic shrinks a job on a star only ({topology.spec} is "
                                  "a BCube, where a failed part is re-planned around instead)")
+            window = window or DEFAULT_WINDOW
             check_window(fabric, job, window)
             self.interfaces = [nic.interface for nic in nics]
             self.engine = Engine(job, server, topology, self.schedule,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bml.protocol import VALUES_PER_PACKET
-from bml.schedule import AUTO, SCHEDULES
+from bml.protocol import ONE_NIC_WINDOW, VALUES_PER_PACKET
+from bml.schedule import AUTO, DEFAULT_WINDOW, IN_FLIGHT, SCHEDULES
 from hosts.api import GradientError, TransportError, Worker
 from hosts.engine import EngineStats
 from hosts.quantize import check_gradient
@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                       "up on one level); default: every NIC")
     push.add_argument("--switch", help="with --interface: the switch address (default: "
                       "found on the interface)")
-    push.add_argument("--window", type=int, default=256, help="slots in flight")
+    push.add_argument("--window", type=int, help="slots of the job's pool each switch "
+                      f"channel uses (default {DEFAULT_WINDOW}, {IN_FLIGHT} frames of them in "
+                      f"flight at most; one NIC: {ONE_NIC_WINDOW}, all in flight)")
     push.add_argument("--elastic", action="store_true", default=None,
                       help="on a star: if a worker leaves mid-push, finish with the others "
                            "(default: as the job was set up, bml-ctl job-add --elastic)")
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
     if isinstance(stats, EngineStats):
-        counts = f"frames={stats.frames_sent} repairs={stats.repairs_asked}"
+        counts = (f"frames={stats.frames_sent} repairs={stats.repairs_asked} resent=ordered:"
+                  f"{stats.resent_ordered},stalled:{stats.resent_stalled},"
+                  f"pending:{stats.resent_pending}")
         for replan in stats.replans:
             print(f"bml-host: re-planned after: {replan.cause}\n"
                   f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "

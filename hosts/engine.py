@@ -14,7 +14,9 @@ per NIC (to the switches) and the TCP mesh to the BCube neighbours (``hosts/mesh
 2. **Steps, pipelined per block** (``bml/schedule.py``): a block enters a stripe's next step the
    moment its previous one delivers it. Steps in the switch run as a ``SwitchChannel``: a
    window of slots of the stripe's switch job, one per (stripe, level), with per-slot timers
-   and retransmission (the switch answers a re-sent contribution with the stored sum).
+   and retransmission (the switch answers a re-sent contribution with the stored sum); it
+   uses more slots than it keeps frames in flight, so slots waiting on a loss do not idle
+   the link.
    Host-based steps send messages over TCP. All-gather in the switch is a BROADCAST that the
    switch copies to the other n-1 servers; a copy that was lost is asked for again (NEED)
    over TCP once its sender said it has broadcast everything (SENT).
@@ -33,6 +35,7 @@ worker learns it from the ABORT that names it and runs the call again (docs/PROT
 from __future__ import annotations
 
 import bisect
+import heapq
 import json
 import select
 import socket
@@ -56,6 +59,7 @@ from bml.protocol import (
     newer_generation,
 )
 from bml.schedule import (
+    DEFAULT_WINDOW,
     HOST_BASED,
     MESSAGE_BLOCKS,
     STRIPE_JOB_STRIDE,
@@ -68,7 +72,7 @@ from bml.schedule import (
     channel_window,
     length,
     make_schedule,
-    nic_windows,
+    nic_in_flight,
     split,
     stream_budgets,
     stripe_job_id,
@@ -79,6 +83,7 @@ from hosts.quantize import block_exponents, dequantize, shift
 from hosts.sockets import force_buffers
 from hosts.transport import (
     PRIMING_OFFSET,
+    UNORDERED_WAIT,
     LengthMismatch,
     Rto,
     TransportError,
@@ -129,6 +134,11 @@ class EngineStats:
     frames_sent: int = 0
     retransmissions: int = 0
     pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
+    # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
+    # answer at all for a timeout (stalled), a PENDING slot's fallback.
+    resent_ordered: int = 0
+    resent_stalled: int = 0
+    resent_pending: int = 0
     broadcasts: int = 0
     repairs_asked: int = 0
     stream_bytes: int = 0
@@ -218,7 +228,7 @@ class SwitchChannel:
     get it (allreduce)."""
 
     def __init__(self, call: _Call, nic: NicLink, stripe: int, blocks: list[int],
-                 owners: list[int] | None, window: int) -> None:
+                 owners: list[int] | None, window: int, in_flight: int) -> None:
         self.call, self.nic, self.stripe = call, nic, stripe
         self.job = stripe_job_id(call.engine.job, stripe)
         self.me = call.topology.digits(call.engine.server)[nic.level]
@@ -238,6 +248,17 @@ class SwitchChannel:
         self.pending = bytearray(self.window)  # PENDING answers to the use in flight
         self.open_slots = sum(1 for u in self.total_uses if u)
         self.name = f"stripe {stripe} on level {nic.level}"
+        # Frames presumed in the link's queue: sent after the latest frame answered (the
+        # queue is FIFO: anything sent before that one has passed it, or was lost; for a
+        # re-sent slot, which of its sends was answered is not known: the last). At most
+        # ``in_flight``; uses beyond wait in ``held``, lowest sequence number first, so that
+        # every member sends the blocks in the same order whatever order its answers came in
+        # (a member sending ahead of the others waits for them in the switch, not the link).
+        self.in_flight = in_flight
+        self.sends: deque[float] = deque()  # send times of the frames in the queue
+        self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
+        self.answered_sent = 0.0  # the latest send time of a frame answered so far
+        self.last_answer = time.monotonic()
 
     @property
     def done(self) -> bool:
@@ -251,6 +272,22 @@ class SwitchChannel:
             self._launch(slot, time.monotonic())
 
     def _launch(self, slot: int, now: float) -> None:
+        heapq.heappush(self.held, (slot + self.next_use[slot] * self.window, slot))
+        self.release(now)
+
+    def release(self, now: float) -> None:
+        """Send held uses, lowest sequence number first, while the queue has room."""
+        held, sends = self.held, self.sends
+        while held and len(sends) < self.in_flight:
+            self._send_use(heapq.heappop(held)[1], now)
+
+    def _passed(self, sent: float) -> None:
+        """A frame sent at ``sent`` was answered: frames sent up to then left the queue."""
+        sends = self.sends
+        while sends and sends[0] <= sent:
+            sends.popleft()
+
+    def _send_use(self, slot: int, now: float) -> None:
         use = self.next_use[slot]
         seq = slot + use * self.window
         call = self.call
@@ -269,6 +306,7 @@ class SwitchChannel:
         self.first_sent[slot] = self.last_sent[slot] = now
         self.retries[slot] = 0
         self.pending[slot] = 0
+        self.sends.append(now)
         self.nic.send(frame)
         call.stats.frames_sent += 1
 
@@ -289,7 +327,10 @@ class SwitchChannel:
         for others: no more re-sends of it until the fallback (``overdue``)."""
         if self._expects(version, slot, offset, generation) is None:
             return
-        self.last_sent[slot] = time.monotonic()  # the fallback runs from the answer
+        now = time.monotonic()
+        self._passed(self.last_sent[slot])
+        self.last_sent[slot] = self.last_answer = now  # the fallback runs from the answer
+        self.release(now)
         if not self.pending[slot]:
             self.nic.refund()  # the first one only: later ones are the fallback's
             self.call.stats.pending += 1
@@ -306,8 +347,11 @@ class SwitchChannel:
         if block >= 0 and mine and (ptype == PacketType.ACK or size < PAYLOAD_BYTES):
             return  # the owner needs the values
         now = time.monotonic()
-        if self.retries[slot] == 0:
+        if self.retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
             self.call.rto[self.nic.level].sample(now - self.first_sent[slot])
+            self.answered_sent = max(self.answered_sent, self.first_sent[slot])
+        self._passed(self.last_sent[slot])
+        self.last_answer = now
         self.frames[slot] = None
         self.next_use[slot] = use + 1
         self.nic.answered()
@@ -317,37 +361,58 @@ class SwitchChannel:
             self.call.reduced(self.stripe, self.nic.level, block, values)
         if self.next_use[slot] >= self.total_uses[slot]:
             self.open_slots -= 1
-            return
-        following = slot + self.next_use[slot] * self.window
-        if following >= self.count or self.ready_flags[following]:
-            self._launch(slot, now)
+        else:
+            following = slot + self.next_use[slot] * self.window
+            if following >= self.count or self.ready_flags[following]:
+                self._launch(slot, now)
+        self.release(now)
 
-    def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int]]:
-        """(last sent, self, slot) of every slot whose answer is overdue: one timeout after
-        the last send, doubling per retry from the second (per-slot back-off); a slot
-        answered PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with
-        further PENDINGs (twice at most)."""
+    def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int, str]]:
+        """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
+        one timeout after the last send if a frame sent after it has been answered since
+        (RACK's rule); otherwise the answer is more likely late, queued behind a burst or a
+        lagging co-worker: one timeout doubling per retry from the second (per-slot
+        back-off), ``UNORDERED_WAIT`` times that unless nothing has been answered for a
+        timeout (a tail of lost frames); a slot answered PENDING
+        ``PENDING_FALLBACK`` timeouts after that answer, doubling with further PENDINGs
+        (twice at most)."""
         base, cap = rto.value, rto.cap
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
+        answered_sent = self.answered_sent
+        # Nothing answered for a timeout (a tail of lost frames, nothing sent after them to
+        # tell): the timer alone.
+        stalled = now - self.last_answer > base
+        unordered = 1 if stalled else UNORDERED_WAIT
         overdue = []
         for slot, frame in enumerate(self.frames):
             if frame is None:
                 continue
+            sent = last_sent[slot]
             if pending[slot]:
                 # Doubling twice at most: a slot whose answer is lost must not wait long.
                 wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+                why = "pending"
+            elif sent < answered_sent:
+                # Lost, all but surely (a frame sent after it has come back): no back-off,
+                # which at 10% loss left the unlucky slots of a call's end waiting seconds.
+                wait = min(cap, base)
+                why = "ordered"
             else:
-                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
-            if now - last_sent[slot] > wait:
-                overdue.append((last_sent[slot], self, slot))
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8))) * unordered
+                why = "stalled"
+            if now - sent > wait:
+                overdue.append((sent, self, slot, why))
         return overdue
 
-    def resend(self, slot: int, now: float) -> None:
+    def resend(self, slot: int, now: float, why: str) -> None:
+        self.sends.append(now)
         self.nic.send(self.frames[slot])
         self.last_sent[slot] = now
         self.retries[slot] += 1
-        self.call.stats.retransmissions += 1
-        self.call.stats.frames_sent += 1
+        stats = self.call.stats
+        stats.retransmissions += 1
+        stats.frames_sent += 1
+        setattr(stats, f"resent_{why}", getattr(stats, f"resent_{why}") + 1)
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)
@@ -364,7 +429,8 @@ class Engine:
     """A worker of one job on every NIC of its server; keep it for many calls."""
 
     def __init__(self, job: int, server: int, topology: Topology, schedule: Schedule,
-                 nics: list[tuple[str, str]], window: int = 256, timeout: float = 60.0,
+                 nics: list[tuple[str, str]], window: int = DEFAULT_WINDOW,
+                 timeout: float = 60.0,
                  start_timeout: float = 10.0, elastic: bool = False) -> None:
         """``nics``: (own address, switch address) per level. ``elastic``: on a star, when a
         worker leaves mid-call the others go on without it (``_shrink``)."""
@@ -718,7 +784,7 @@ class _Call:
         self.done_sent = False
         # Per stripe: which blocks go how at each RS step; channels for switch steps.
         self.rs_owner: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        windows = nic_windows(self.schedule, engine.server, engine.window)
+        in_flight = nic_in_flight(self.schedule, engine.server)
         for p in range(topo.k):
             for j, dim in enumerate(self.rs_dims[p]):
                 parts = self.layout.rs_parts(p, j, engine.server)
@@ -732,7 +798,8 @@ class _Call:
                 self.rs_owner[(p, j)] = (owner, via_switch)
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
-                        self, engine.links[dim], p, seq, owners, windows[dim])
+                        self, engine.links[dim], p, seq, owners, engine.window,
+                        in_flight[dim])
                 peers = {s.server: s for s in engine.mesh.neighbours(dim)}
                 outgoing = []
                 for i, (_sw, host) in enumerate(parts):
@@ -751,7 +818,7 @@ class _Call:
                 if length(piece):
                     self.channels[(p, self.ar_dim[p])] = SwitchChannel(
                         self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
-                        windows[self.ar_dim[p]])
+                        engine.window, in_flight[self.ar_dim[p]])
             for j, dim in enumerate(self.rs_dims[p]):
                 own = self.pieces[p][j + 1]
                 if dim not in self.ag_in_switch[p]:
@@ -947,9 +1014,8 @@ class _Call:
             # slots left: the link has room, and each slot's own back-off bounds its re-sends,
             # so no budget is needed. (Not mid-call: few slots in flight there mean a starved
             # pipeline, whose late slots wait for lagging co-workers.)
-            few = (sum(channel.waiting() for channel in channels) <= FEW_IN_FLIGHT
-                   and all(channel.draining() for channel in channels))
-            for _sent, channel, slot in overdue:
+            few = all(channel.draining() for channel in channels)
+            for _sent, channel, slot, why in overdue:
                 if not few:
                     if link.budget >= 1:
                         link.budget -= 1
@@ -957,7 +1023,7 @@ class _Call:
                         link.last_forced = now
                     else:
                         break
-                channel.resend(slot, now)
+                channel.resend(slot, now, why)
 
     def _watch_switches(self, now: float) -> None:
         """A switch that owes answers and has sent nothing for ``SWITCH_SILENCE`` is asked

@@ -62,6 +62,7 @@ RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
+UNORDERED_WAIT = 3  # timeouts a slot waits while no frame sent after it has been answered
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _ANSWER_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK,
@@ -251,6 +252,8 @@ class AggregationTransport:
         next_exponent = [EXPONENT_NONE] * window  # max exponent for the slot's next chunk
         remaining = window
         done_chunks = 0
+        answered_sent = 0.0  # the latest send time of a frame answered so far
+        last_answer = time.monotonic()
         header = HEADER_STRUCT.pack
         sendto = self.sock.sendto
         switch = self.switch
@@ -361,8 +364,11 @@ class AggregationTransport:
                     stats.duplicates_ignored += 1
                     continue
                 now = time.monotonic()
-                if retries[slot] == 0:
+                if retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
                     self._sample(now - first_sent[slot])
+                    if first_sent[slot] > answered_sent:
+                        answered_sent = first_sent[slot]
+                last_answer = now
                 if stats.results == 0:
                     # The first answer: every other worker is up now. Timers that ran while
                     # they were starting restart, instead of all firing at once.
@@ -390,12 +396,18 @@ class AggregationTransport:
             if now >= next_scan:
                 rto, max_rto = self.rto, self.max_rto
                 fired = False
+                # A slot is presumed lost after its timer if a frame sent after it has been
+                # answered since (RACK's rule); else its answer is more likely queued behind
+                # the others (a queue filling up, a lagging co-worker): UNORDERED_WAIT timers,
+                # unless nothing has been answered for a timer (a tail of lost frames).
+                unordered = 1 if now - last_answer > rto else UNORDERED_WAIT
                 # Until the first answer the other workers may still be starting: probe with
                 # one slot rather than re-sending the whole window again and again.
                 for slot in range(window if stats.results else 1):
                     frame = frames[slot]
                     if frame is not None and now - last_sent[slot] > min(
-                            max_rto, rto * (1 << min(retries[slot], 8))):
+                            max_rto, rto * (1 << min(retries[slot], 8))) * (
+                            unordered if last_sent[slot] >= answered_sent else 1):
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1

@@ -112,10 +112,10 @@ def test_mismatches_are_refused_by_every_worker_and_the_next_push_works(bcube22,
     # An empty gradient: refused at once.
     empty = run_pushes(state, 3, [Push(0, 0, np.zeros(0, np.float32), None)], tmp_path, 4)
     assert empty[0].returncode == 2 and "gradient is empty" in empty[0].stderr
-    # A window wider than the job's pool (256 slots): refused at once, not waited out.
-    wide = run_pushes(state, 3, [Push(0, 0, grads[0], None)], tmp_path, 4, ["--window", "512"])
+    # A window wider than the job's pool (512 slots): refused at once, not waited out.
+    wide = run_pushes(state, 3, [Push(0, 0, grads[0], None)], tmp_path, 4, ["--window", "1024"])
     assert wide[0].returncode == 2
-    assert "window 512 is wider than job 3's pool of 256 slots" in wide[0].stderr
+    assert "window 1024 is wider than job 3's pool of 512 slots" in wide[0].stderr
     # The job is still usable.
     assert_correct(push_all(state, 3, grads, tmp_path), grads, IN_NETWORK)
 

@@ -12,8 +12,10 @@ from bml import cost_model
 from bml.protocol import PAYLOAD_BYTES, VALUES_PER_PACKET, ResultMode
 from bml.schedule import (
     BLOCK_VALUES,
+    DEFAULT_WINDOW,
     FRAME_WIRE_BYTES,
     HOST_BASED,
+    IN_FLIGHT,
     IN_NETWORK,
     LINK_QUEUE_BYTES,
     MIXED,
@@ -28,7 +30,7 @@ from bml.schedule import (
     flushes,
     ideal_cost,
     make_schedule,
-    nic_windows,
+    nic_in_flight,
     split,
     stream_budgets,
     stripe_job_id,
@@ -196,19 +198,21 @@ def test_wire_prediction_prices_every_header():
 def test_a_nics_channels_share_one_budget_of_frames_in_flight():
     """bcube:3,2 mixed: two channels per NIC (a reduce-scatter, an allreduce) beside TCP
     streams, so they share the link's queue; in-network: no streams, the whole queue (the
-    window's cap); host-based: no channels, the streams keep what they always had."""
+    in-flight cap); host-based: no channels, the streams keep what they always had. The
+    channels use more slots than that (DEFAULT_WINDOW): the rest wait for room."""
     topo = Topology.parse("bcube:3,2")
-    windows = nic_windows(make_schedule(topo, MIXED), 4)
-    assert windows == [SHARED_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
+    in_flight = nic_in_flight(make_schedule(topo, MIXED), 4)
+    assert in_flight == [SHARED_FRAME_BUDGET // (2 * FRAME_WIRE_BYTES)] * 2
     assert stream_budgets(make_schedule(topo, MIXED), 4) == [SHARED_STREAM_BUDGET] * 2
     assert SHARED_FRAME_BUDGET + SHARED_STREAM_BUDGET < LINK_QUEUE_BYTES
     assert stream_budgets(make_schedule(topo, HOST_BASED), 4) == [QUEUE_BUDGET] * 2
     assert STREAM_BUDGET == QUEUE_BUDGET
-    assert nic_windows(make_schedule(topo, IN_NETWORK), 4) == [256, 256]
-    assert nic_windows(make_schedule(topo, IN_NETWORK), 4, 1024) == [
+    assert nic_in_flight(make_schedule(topo, IN_NETWORK), 4) == [IN_FLIGHT, IN_FLIGHT]
+    assert nic_in_flight(make_schedule(topo, IN_NETWORK), 4, 1024) == [
         LINK_QUEUE_BYTES // (2 * FRAME_WIRE_BYTES)] * 2
-    assert nic_windows(make_schedule(topo, HOST_BASED), 4) == [256, 256]
-    assert nic_windows(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0, 64) == [64]
+    assert nic_in_flight(make_schedule(topo, HOST_BASED), 4) == [IN_FLIGHT, IN_FLIGHT]
+    assert nic_in_flight(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0, 64) == [64]
+    assert DEFAULT_WINDOW >= 2 * IN_FLIGHT
 
 
 def test_planner_picks_the_least_predicted_gst():
