@@ -228,7 +228,8 @@ class SwitchChannel:
     get it (allreduce)."""
 
     def __init__(self, call: _Call, nic: NicLink, stripe: int, blocks: list[int],
-                 owners: list[int] | None, window: int, in_flight: int) -> None:
+                 owners: list[int] | None, window: int, in_flight: int,
+                 in_order: bool = True) -> None:
         self.call, self.nic, self.stripe = call, nic, stripe
         self.job = stripe_job_id(call.engine.job, stripe)
         self.me = call.topology.digits(call.engine.server)[nic.level]
@@ -258,6 +259,12 @@ class SwitchChannel:
         self.sends: deque[float] = deque()  # send times of the frames in the queue
         self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
         self.answered_sent = 0.0  # the latest send time of a frame answered so far
+        # Whether every member sends in the same order, so that a frame of this worker's
+        # sent later and answered sooner says the earlier one is lost: true where every block
+        # is ready at the start (a stripe's first step); a later step's blocks become ready
+        # in a different order on each member (as the step before delivers them), and an
+        # answer then only says that everyone had that block ready.
+        self.evidence_wait = 1 if in_order else UNORDERED_WAIT
         self.last_answer = time.monotonic()
 
     @property
@@ -395,7 +402,7 @@ class SwitchChannel:
             elif sent < answered_sent:
                 # Lost, all but surely (a frame sent after it has come back): no back-off,
                 # which at 10% loss left the unlucky slots of a call's end waiting seconds.
-                wait = min(cap, base)
+                wait = min(cap, base) * self.evidence_wait
                 why = "ordered"
             else:
                 wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8))) * unordered
@@ -799,7 +806,7 @@ class _Call:
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
                         self, engine.links[dim], p, seq, owners, engine.window,
-                        in_flight[dim])
+                        in_flight[dim], in_order=j == 0)
                 peers = {s.server: s for s in engine.mesh.neighbours(dim)}
                 outgoing = []
                 for i, (_sw, host) in enumerate(parts):
@@ -818,7 +825,8 @@ class _Call:
                 if length(piece):
                     self.channels[(p, self.ar_dim[p])] = SwitchChannel(
                         self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
-                        engine.window, in_flight[self.ar_dim[p]])
+                        engine.window, in_flight[self.ar_dim[p]],
+                        in_order=not self.rs_dims[p])
             for j, dim in enumerate(self.rs_dims[p]):
                 own = self.pieces[p][j + 1]
                 if dim not in self.ag_in_switch[p]:
