@@ -113,13 +113,24 @@ def kernel_has_netem() -> bool:
     return _netem
 
 
+# The most a server's TCP receiver advertises: 3/4 of a shaped link's queue (bml-net's tbf
+# queue is 256 KB). With Linux's default (32 MB) one flow's window grew until it overflowed
+# the queue, and its losses and 1 s queueing delays stalled gloo's ring, whose steps depend
+# on each other (star:12 at 2 Mbit/s, 1M floats: 1.20x of the ring's prediction, 1.02x with
+# this); servers size their buffers to the path, and every TCP scheme here gets the same.
+SERVER_TCP_RMEM_MAX = 196_608
+
+
 def add_namespace(name: str) -> None:
     """A server's namespace, IPv4 only: interfaces moved in later send no IPv6 chatter
-    (router solicitations, MLD) into the switches."""
+    (router solicitations, MLD) into the switches; TCP receive buffers sized to the link's
+    queue (``SERVER_TCP_RMEM_MAX``)."""
     run("ip", "netns", "add", name)
     for scope in ("all", "default"):
         run("sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1", namespace=name,
             check=False)
+    run("sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 131072 {SERVER_TCP_RMEM_MAX}",
+        namespace=name, check=False)
     run("ip", "link", "set", "lo", "up", namespace=name)
 
 
