@@ -83,7 +83,6 @@ from hosts.quantize import block_exponents, dequantize, shift
 from hosts.sockets import force_buffers
 from hosts.transport import (
     PRIMING_OFFSET,
-    UNORDERED_WAIT,
     LengthMismatch,
     Rto,
     TransportError,
@@ -157,6 +156,7 @@ FEW_IN_FLIGHT = 32  # slots waiting on a NIC at a call's end up to which re-send
 # PENDING): only if the final answer is lost on its way does the switch need to hear from
 # this worker again.
 PENDING_FALLBACK = 2
+OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
 SWITCH_SILENCE = 2.0  # s without a frame from a switch that owes answers: ask if it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
 
@@ -264,7 +264,7 @@ class SwitchChannel:
         # is ready at the start (a stripe's first step); a later step's blocks become ready
         # in a different order on each member (as the step before delivers them), and an
         # answer then only says that everyone had that block ready.
-        self.evidence_wait = 1 if in_order else UNORDERED_WAIT
+        self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
         self.last_answer = time.monotonic()
 
     @property
@@ -377,19 +377,16 @@ class SwitchChannel:
     def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int, str]]:
         """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
         one timeout after the last send if a frame sent after it has been answered since
-        (RACK's rule); otherwise the answer is more likely late, queued behind a burst or a
-        lagging co-worker: one timeout doubling per retry from the second (per-slot
-        back-off), ``UNORDERED_WAIT`` times that unless nothing has been answered for a
-        timeout (a tail of lost frames); a slot answered PENDING
-        ``PENDING_FALLBACK`` timeouts after that answer, doubling with further PENDINGs
-        (twice at most)."""
+        (RACK's rule). Otherwise, while answers keep coming, its answer is only waiting its
+        turn (in a queue, or for a co-worker) and it is not re-sent; once nothing has been
+        answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop), one
+        timeout doubling per retry from the second (per-slot back-off). A slot answered
+        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
+        PENDINGs (twice at most)."""
         base, cap = rto.value, rto.cap
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         answered_sent = self.answered_sent
-        # Nothing answered for a timeout (a tail of lost frames, nothing sent after them to
-        # tell): the timer alone.
         stalled = now - self.last_answer > base
-        unordered = 1 if stalled else UNORDERED_WAIT
         overdue = []
         for slot, frame in enumerate(self.frames):
             if frame is None:
@@ -404,9 +401,11 @@ class SwitchChannel:
                 # which at 10% loss left the unlucky slots of a call's end waiting seconds.
                 wait = min(cap, base) * self.evidence_wait
                 why = "ordered"
-            else:
-                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8))) * unordered
+            elif stalled:
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
                 why = "stalled"
+            else:
+                continue
             if now - sent > wait:
                 overdue.append((sent, self, slot, why))
         return overdue

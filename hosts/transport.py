@@ -62,7 +62,6 @@ RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
-UNORDERED_WAIT = 3  # timeouts a slot waits while no frame sent after it has been answered
 _BE = np.dtype(">i4")
 _ZERO_VALUES = bytes(VALUES_BYTES)
 _ANSWER_TYPES = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK,
@@ -397,17 +396,24 @@ class AggregationTransport:
                 rto, max_rto = self.rto, self.max_rto
                 fired = False
                 # A slot is presumed lost after its timer if a frame sent after it has been
-                # answered since (RACK's rule); else its answer is more likely queued behind
-                # the others (a queue filling up, a lagging co-worker): UNORDERED_WAIT timers,
-                # unless nothing has been answered for a timer (a tail of lost frames).
-                unordered = 1 if now - last_answer > rto else UNORDERED_WAIT
+                # answered since (RACK's rule). Otherwise, while answers keep coming, its
+                # answer is only waiting its turn (a queue filling up, a lagging co-worker);
+                # once nothing has been answered for a timer (a tail of lost frames, a
+                # co-worker's lost frame), the timer alone, backed off per retry.
+                stalled = now - last_answer > rto
                 # Until the first answer the other workers may still be starting: probe with
                 # one slot rather than re-sending the whole window again and again.
                 for slot in range(window if stats.results else 1):
                     frame = frames[slot]
-                    if frame is not None and now - last_sent[slot] > min(
-                            max_rto, rto * (1 << min(retries[slot], 8))) * (
-                            unordered if last_sent[slot] >= answered_sent else 1):
+                    if frame is None:
+                        continue
+                    if last_sent[slot] < answered_sent:
+                        wait = min(max_rto, rto)
+                    elif stalled or not stats.results:
+                        wait = min(max_rto, rto * (1 << min(retries[slot], 8)))
+                    else:
+                        continue
+                    if now - last_sent[slot] > wait:
                         sendto(frame, switch)
                         last_sent[slot] = now
                         retries[slot] += 1
