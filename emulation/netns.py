@@ -119,23 +119,18 @@ def kernel_has_netem() -> bool:
 # on each other (star:12 at 2 Mbit/s, 1M floats: 1.20x of the ring's prediction, 1.02x with
 # this); servers size their buffers to the path, and every TCP scheme here gets the same.
 SERVER_TCP_RMEM_MAX = 196_608
-# TCP's least retransmission timeout in a server namespace: Linux's 200 ms is sized for wide
-# areas; on these links (sub-millisecond base RTT) a lost segment of a small message (the
-# exponent exchange, DONE) waited 0.2-1.8 s at 10% loss. Under queueing the estimate is
-# far above it, as before.
-SERVER_TCP_RTO_MIN_US = 20_000
 
 
 def add_namespace(name: str) -> None:
     """A server's namespace, IPv4 only: interfaces moved in later send no IPv6 chatter
-    (router solicitations, MLD) into the switches; TCP receive buffers and timeouts sized to
-    the emulated links (``SERVER_TCP_RMEM_MAX``, ``SERVER_TCP_RTO_MIN_US``)."""
+    (router solicitations, MLD) into the switches; TCP receive buffers sized to the link's
+    queue (``SERVER_TCP_RMEM_MAX``)."""
     run("ip", "netns", "add", name)
     for scope in ("all", "default"):
         run("sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1", namespace=name,
             check=False)
     run("sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 131072 {SERVER_TCP_RMEM_MAX}",
-        f"net.ipv4.tcp_rto_min_us={SERVER_TCP_RTO_MIN_US}", namespace=name, check=False)
+        namespace=name, check=False)
     run("ip", "link", "set", "lo", "up", namespace=name)
 
 
