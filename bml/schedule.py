@@ -372,6 +372,14 @@ def nic_in_flight(schedule: Schedule, server: int, limit: int = IN_FLIGHT) -> li
             if c else limit for c, streaming in _nic_use(schedule, server)]
 
 
+def mesh_is_control_only(schedule: Schedule, server: int) -> bool:
+    """Whether ``server``'s TCP mesh carries only a call's control messages, the exponent
+    exchange at its start and DONE at its end, when the links are idle: every step of it an
+    allreduce in the switch (a star's in-network schedule). Nothing else waits in queues."""
+    return all(step.op is Op.AR and step.switch_share == 1
+               for p in range(len(schedule.stripes)) for step in schedule.steps_of(p, server))
+
+
 def stream_budgets(schedule: Schedule, server: int) -> list[int]:
     """Per NIC of ``server``, the bytes its host-to-host streams keep unacknowledged in all
     (split among the level's n - 1 neighbours by the mesh)."""

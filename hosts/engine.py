@@ -72,6 +72,7 @@ from bml.schedule import (
     channel_window,
     length,
     make_schedule,
+    mesh_is_control_only,
     nic_in_flight,
     split,
     stream_budgets,
@@ -481,7 +482,8 @@ class Engine:
         addresses = [tuple(nic.ip for nic in self.whole.nics(m)) for m in self.members]
         try:
             return Mesh(self.job, self.server, self.topology, self.start_timeout, detours,
-                        addresses, stream_budgets(self.schedule, self.server))
+                        addresses, stream_budgets(self.schedule, self.server),
+                        mesh_is_control_only(self.schedule, self.server))
         except MeshError as exc:
             raise TransportError(str(exc)) from None
 

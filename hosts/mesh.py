@@ -31,6 +31,16 @@ from hosts.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
+# The least TCP retransmission timeout (socket option TCP_RTO_MIN_US, Linux >= 6.15) of a mesh
+# that carries only control messages at a call's start and end over idle links
+# (``bml.schedule.mesh_is_control_only``). Linux's 200 ms is sized for wide areas: between
+# neighbours (sub-millisecond base RTT) a lost segment of the exponent exchange or of DONE
+# waited 0.2-1.8 s at 10% loss (star:4: a push 3.7-6.1 s, with it 3.6-4.0 s). Not where the
+# mesh carries messages mid-call (streams, repairs), which wait behind the frames in queues
+# far longer than the RTT it learnt: there it re-sent them spuriously (bcube:3,2 in-network
+# 2 Mbit/s, 1M floats: 1.09-1.13x of its prediction, 1.04-1.05x without).
+TCP_RTO_MIN_US = 45
+CONTROL_RTO_MIN_US = 20_000
 # The mesh's least TCP retransmission timeout (socket option TCP_RTO_MIN_US). Linux's 200 ms
 # is sized for wide areas; between BCube neighbours (sub-millisecond base RTT) a lost segment
 # of a small message (the exponent exchange, DONE) waited 0.2-1.8 s at 10% loss (star:4: a
@@ -144,14 +154,17 @@ class Mesh:
     def __init__(self, job: int, server: int, topology: Topology, start_timeout: float,
                  detours: dict[int, int] | None = None,
                  addresses: list[tuple[str, ...]] | None = None,
-                 budgets: list[int] | None = None) -> None:
+                 budgets: list[int] | None = None, control_only: bool = False) -> None:
         """``detours``: level -> the level whose NICs reach this server's neighbours on it
         (their switch failed: the routes through relay servers, ``Topology.detour_routes``,
         carry the connection). ``addresses``: per server of ``topology``, its NICs'
         addresses, when they are not the topology's own (a job shrunk to its survivors).
         ``budgets``: per level, the bytes its connections keep unacknowledged in all (default
-        hosts.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames)."""
+        hosts.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames).
+        ``control_only``: the mesh carries only the calls' control messages (a short TCP
+        timeout, ``CONTROL_RTO_MIN_US``)."""
         self.job, self.server, self.topology = job, server, topology
+        self.control_only = control_only
         self.detours = dict(detours or {})
         self.budgets = budgets or [QUEUE_BUDGET] * topology.k
         self.addresses = addresses or [tuple(nic.ip for nic in topology.nics(s))
@@ -299,6 +312,11 @@ class Mesh:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
+        if self.control_only:
+            try:  # older kernels keep their 200 ms
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, CONTROL_RTO_MIN_US)
+            except OSError:
+                pass
         try:  # Linux >= 6.15; older kernels keep their 200 ms
             sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, MESH_RTO_MIN_US)
         except OSError:

@@ -30,6 +30,7 @@ from bml.schedule import (
     flushes,
     ideal_cost,
     make_schedule,
+    mesh_is_control_only,
     nic_in_flight,
     split,
     stream_budgets,
@@ -300,3 +301,12 @@ def test_an_elastic_job_is_recorded_and_only_on_a_star():
     assert plan.elastic and type(plan).from_json(plan.to_json()).elastic
     with pytest.raises(JobError, match="on a star only"):
         plan_scheduled_job(Topology.parse("bcube:2,2"), 3, IN_NETWORK, elastic=True)
+
+
+def test_only_a_stars_in_network_mesh_is_control_only():
+    """The short TCP timeout (hosts.mesh.CONTROL_RTO_MIN_US) is for a mesh that carries only
+    the exponent exchange and DONE; streams and broadcast repairs wait behind frames."""
+    assert mesh_is_control_only(make_schedule(Topology.parse("star:4"), IN_NETWORK), 0)
+    for spec in ("bcube:2,2", "bcube:3,2"):
+        for name in (IN_NETWORK, HOST_BASED, MIXED):
+            assert not mesh_is_control_only(make_schedule(Topology.parse(spec), name), 0)
