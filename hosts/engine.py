@@ -69,6 +69,7 @@ from bml.schedule import (
     Range,
     Schedule,
     ScheduleError,
+    channel_slots,
     channel_window,
     length,
     make_schedule,
@@ -806,8 +807,9 @@ class _Call:
                 self.rs_owner[(p, j)] = (owner, via_switch)
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
-                        self, engine.links[dim], p, seq, owners, engine.window,
-                        in_flight[dim], in_order=j == 0)
+                        self, engine.links[dim], p, seq, owners,
+                        channel_slots(engine.window, in_flight[dim], j == 0), in_flight[dim],
+                        in_order=j == 0)
                 peers = {s.server: s for s in engine.mesh.neighbours(dim)}
                 outgoing = []
                 for i, (_sw, host) in enumerate(parts):
@@ -826,8 +828,9 @@ class _Call:
                 if length(piece):
                     self.channels[(p, self.ar_dim[p])] = SwitchChannel(
                         self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
-                        engine.window, in_flight[self.ar_dim[p]],
-                        in_order=not self.rs_dims[p])
+                        channel_slots(engine.window, in_flight[self.ar_dim[p]],
+                                      not self.rs_dims[p]),
+                        in_flight[self.ar_dim[p]], in_order=not self.rs_dims[p])
             for j, dim in enumerate(self.rs_dims[p]):
                 own = self.pieces[p][j + 1]
                 if dim not in self.ag_in_switch[p]:
