@@ -404,7 +404,10 @@ class SwitchChannel:
                 wait = min(cap, base) * self.evidence_wait
                 why = "ordered"
             elif stalled:
-                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 8)))
+                # Doubling twice at most: nothing is answered (a call's tail, a co-worker's
+                # lost frame, a dead switch, which _watch_switches finds): at 10% loss an
+                # unlucky last slot backed off to seconds.
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 2)))
                 why = "stalled"
             else:
                 continue
