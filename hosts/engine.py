@@ -152,7 +152,6 @@ class EngineStats:
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
-FEW_IN_FLIGHT = 32  # slots waiting on a NIC at a call's end up to which re-sends are free
 # A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
 # others) is not re-sent again before this many timeouts (doubling with every further
 # PENDING): only if the final answer is lost on its way does the switch need to hear from
@@ -176,8 +175,8 @@ class NicLink:
     tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
     that re-send is refunded (the slot then waits for the others, re-sent only by its
     fallback timer), so the budget pays for lost frames and lost answers, not for the
-    co-workers' losses or lag. At the end of a call, with only ``FEW_IN_FLIGHT`` slots
-    waiting, the link has room and re-sends need no budget (each slot's back-off still bounds
+    co-workers' losses or lag. At the end of a call (every channel on the NIC has sent all
+    its uses) the link has room and re-sends need no budget (each slot's back-off still bounds
     them); without that, the last slots trickle out one per RTO."""
 
     level: int
@@ -227,7 +226,9 @@ class SwitchChannel:
     slot i mod W, use i // W), each as soon as it is ready and its slot free, so the members'
     contributions meet in the same slot copy. ``owners`` says whose each block's sum is
     (reduce-scatter: the switch sends it to the owner, an ACK to the others); None means all
-    get it (allreduce)."""
+    get it (allreduce). ``in_order``: every member has every block ready from the start (a
+    stripe's first step), so all send in the same order; only then does the channel use more
+    of its ``window`` slots than its ``in_flight`` frames (``bml.schedule.channel_slots``)."""
 
     def __init__(self, call: _Call, nic: NicLink, stripe: int, blocks: list[int],
                  owners: list[int] | None, window: int, in_flight: int,
@@ -238,7 +239,7 @@ class SwitchChannel:
         self.blocks = blocks
         self.owners = owners
         self.count = len(blocks)
-        self.window = channel_window(self.count, window)
+        self.window = channel_window(self.count, channel_slots(window, in_flight, in_order))
         self.seq_of = {b: i for i, b in enumerate(blocks)}
         self.ready_flags = bytearray(self.count)
         self.next_use = [0] * self.window
@@ -810,9 +811,8 @@ class _Call:
                 self.rs_owner[(p, j)] = (owner, via_switch)
                 if seq:
                     self.channels[(p, dim)] = SwitchChannel(
-                        self, engine.links[dim], p, seq, owners,
-                        channel_slots(engine.window, in_flight[dim], j == 0), in_flight[dim],
-                        in_order=j == 0)
+                        self, engine.links[dim], p, seq, owners, engine.window,
+                        in_flight[dim], in_order=j == 0)
                 peers = {s.server: s for s in engine.mesh.neighbours(dim)}
                 outgoing = []
                 for i, (_sw, host) in enumerate(parts):
@@ -831,9 +831,8 @@ class _Call:
                 if length(piece):
                     self.channels[(p, self.ar_dim[p])] = SwitchChannel(
                         self, engine.links[self.ar_dim[p]], p, list(range(*piece)), None,
-                        channel_slots(engine.window, in_flight[self.ar_dim[p]],
-                                      not self.rs_dims[p]),
-                        in_flight[self.ar_dim[p]], in_order=not self.rs_dims[p])
+                        engine.window, in_flight[self.ar_dim[p]],
+                        in_order=not self.rs_dims[p])
             for j, dim in enumerate(self.rs_dims[p]):
                 own = self.pieces[p][j + 1]
                 if dim not in self.ag_in_switch[p]:
@@ -1025,13 +1024,12 @@ class _Call:
                 now, rto)), key=lambda entry: entry[0])
             if not overdue:
                 continue
-            # The end of the call on this NIC (its channels have sent everything) and a few
-            # slots left: the link has room, and each slot's own back-off bounds its re-sends,
-            # so no budget is needed. (Not mid-call: few slots in flight there mean a starved
-            # pipeline, whose late slots wait for lagging co-workers.)
-            few = all(channel.draining() for channel in channels)
+            # The end of the call on this NIC (its channels have sent everything): the link
+            # has room, and each slot's own back-off bounds its re-sends, so no budget is
+            # needed. (Not mid-call: there late slots often wait for lagging co-workers.)
+            ending = all(channel.draining() for channel in channels)
             for _sent, channel, slot, why in overdue:
-                if not few:
+                if not ending:
                     if link.budget >= 1:
                         link.budget -= 1
                     elif now - link.last_forced > rto.value:
