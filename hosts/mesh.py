@@ -41,14 +41,6 @@ RECV_CHUNK = 1 << 18
 # 2 Mbit/s, 1M floats: 1.09-1.13x of its prediction, 1.04-1.05x without).
 TCP_RTO_MIN_US = 45
 CONTROL_RTO_MIN_US = 20_000
-# The mesh's least TCP retransmission timeout (socket option TCP_RTO_MIN_US). Linux's 200 ms
-# is sized for wide areas; between BCube neighbours (sub-millisecond base RTT) a lost segment
-# of a small message (the exponent exchange, DONE) waited 0.2-1.8 s at 10% loss (star:4: a
-# push's time 3.7-6.1 s, now 3.6-3.8 s). Under queueing the estimate is far above it anyway.
-# Set per socket, not for the namespace: the PS baseline's incast re-sent twice as many
-# segments with it (star:6, 2 Mbit/s).
-TCP_RTO_MIN_US = 45
-MESH_RTO_MIN_US = 20_000
 
 
 class MeshError(RuntimeError):
@@ -317,10 +309,6 @@ class Mesh:
                 sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, CONTROL_RTO_MIN_US)
             except OSError:
                 pass
-        try:  # Linux >= 6.15; older kernels keep their 200 ms
-            sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, MESH_RTO_MIN_US)
-        except OSError:
-            pass
         # Each NIC receives from its n - 1 neighbours on that level at once: pace every
         # connection to its share of the link's queue (``budgets``).
         budget = self.budgets[self.detours.get(dim, dim)]  # the NIC it goes through
