@@ -61,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
                       "up on one level); default: every NIC")
     push.add_argument("--switch", help="with --interface: the switch address (default: "
                       "found on the interface)")
-    push.add_argument("--window", type=int, help="slots of the job's pool each switch "
-                      f"channel uses (default {DEFAULT_WINDOW}, {IN_FLIGHT} frames of them in "
-                      f"flight at most; one NIC: {ONE_NIC_WINDOW}, all in flight)")
+    push.add_argument("--window", type=int, help="slots of the job's pool a stripe's first "
+                      f"switch channel uses (default {DEFAULT_WINDOW}); every channel keeps at "
+                      f"most {IN_FLIGHT} frames in flight, and a later step's no more slots "
+                      f"than that (one NIC: default {ONE_NIC_WINDOW}, all in flight)")
     push.add_argument("--elastic", action="store_true", default=None,
                       help="on a star: if a worker leaves mid-push, finish with the others "
                            "(default: as the job was set up, bml-ctl job-add --elastic)")
