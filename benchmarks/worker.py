@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                       "pending": scheme.last_stats.pending,
                      "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
                      "repairs_asked": getattr(scheme.last_stats, "repairs_asked", 0),
-                     "resent": {why: getattr(scheme.last_stats, f"resent_{why}", 0)
-                                for why in ("ordered", "stalled", "pending")},
+                     "resent": getattr(scheme.last_stats, "resent", {}),
                      "last_result": getattr(scheme.last_stats, "last_result", 0.0) - started,
                      "schedule": scheme.schedule_name}
     finally:

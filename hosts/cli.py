@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
     if isinstance(stats, EngineStats):
-        counts = (f"frames={stats.frames_sent} repairs={stats.repairs_asked} resent=ordered:"
-                  f"{stats.resent_ordered},stalled:{stats.resent_stalled},"
-                  f"pending:{stats.resent_pending}")
+        counts = (f"frames={stats.frames_sent} repairs={stats.repairs_asked} resent="
+                  + ",".join(f"{why}:{count}" for why, count in stats.resent.items()))
         for replan in stats.replans:
             print(f"bml-host: re-planned after: {replan.cause}\n"
                   f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "

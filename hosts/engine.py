@@ -137,9 +137,8 @@ class EngineStats:
     pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
     # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
     # answer at all for a timeout (stalled), a PENDING slot's fallback.
-    resent_ordered: int = 0
-    resent_stalled: int = 0
-    resent_pending: int = 0
+    resent: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending"), 0))
     broadcasts: int = 0
     repairs_asked: int = 0
     stream_bytes: int = 0
@@ -424,7 +423,7 @@ class SwitchChannel:
         stats = self.call.stats
         stats.retransmissions += 1
         stats.frames_sent += 1
-        setattr(stats, f"resent_{why}", getattr(stats, f"resent_{why}") + 1)
+        stats.resent[why] += 1
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)

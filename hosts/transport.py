@@ -18,14 +18,17 @@ slots is abandoned. If a co-worker started with a newer one, the switch answers 
 older frames with it: before the first answer this worker takes it over and re-sends its
 priming; later it means another run of the job took over, and the call fails.
 
-Loss: each slot has a retransmission timer (RTO from RTT samples, Karn's rule, doubling per
-retry of the slot, and for every slot after any timer fired until a clean sample arrives). A
-re-sent contribution is idempotent at the switch, which answers it with the stored result once
-the slot is complete. Until the first answer only one slot is re-sent, as a probe: the other
-workers may simply not have started yet. A re-send into a copy that still waits for others
-is answered PENDING (counted; this path re-sends on its timers regardless). Late or
-duplicate results are recognised by slot, version and offset and ignored. Every wait is
-bounded: the priming round by ``start_timeout``, the whole call by ``timeout``.
+Loss: a slot is re-sent one RTO (from RTT samples, Karn's rule) after its last send if a frame
+sent after it has been answered since (RACK's rule); without that evidence only once nothing
+at all has been answered for an RTO, doubling per retry of the slot (and for every slot after
+any timer fired until a clean sample arrives): while answers keep coming, a late one is only
+waiting its turn. A re-sent contribution is idempotent at the switch, which answers it with
+the stored result once the slot is complete. Until the first answer only one slot is re-sent,
+as a probe: the other workers may simply not have started yet. A re-send into a copy that
+still waits for others is answered PENDING (counted; this path re-sends on its timers
+regardless). Late or duplicate results are recognised by slot, version and offset and
+ignored. Every wait is bounded: the priming round by ``start_timeout``, the whole call by
+``timeout``.
 """
 
 from __future__ import annotations
