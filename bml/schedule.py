@@ -44,9 +44,10 @@ BLOCK_BYTES = 4 * BLOCK_VALUES
 MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each range's start
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
-# A switch channel uses DEFAULT_WINDOW slots of its job's pool (per switch and stripe) but keeps
-# at most IN_FLIGHT frames in flight: a slot waiting for a re-send or for a co-worker's
-# (lost and re-sent) contribution holds its slot, not a place in the link's queue, so under
+# A switch channel in a stripe's first step uses DEFAULT_WINDOW slots of its job's pool (per
+# switch and stripe; ``channel_slots``) but keeps at most IN_FLIGHT frames in flight: a slot
+# waiting for a re-send or for a co-worker's (lost and re-sent) contribution holds its slot,
+# not a place in the link's queue, so under
 # loss the other slots keep the link busy (star:4 at 10% loss each way: the window of 256
 # slots was the bound).
 DEFAULT_WINDOW = 512
