@@ -82,12 +82,25 @@ class Shaping:
             args += ["delay", self.delay]
         return args
 
+    @property
+    def queue_bytes(self) -> int:
+        """The rate limiter's queue: ``queue_seconds`` of line rate, at least 256 KB."""
+        return max(256_000, int(rate_bits(self.rate) / 8 * self.queue_seconds))
+
     def tbf_args(self) -> list[str]:
         """Arguments of the ``tbf`` qdisc for ``rate`` (only asked for when there is one)."""
         bits = rate_bits(self.rate)
         burst = max(16_000, bits // 8 // 500)  # 2 ms of line rate, at least a few frames
-        limit = max(256_000, int(bits / 8 * self.queue_seconds))
-        return ["rate", self.rate, "burst", str(burst), "limit", str(limit)]
+        return ["rate", self.rate, "burst", str(burst), "limit", str(self.queue_bytes)]
+
+    @property
+    def tcp_rto_min_us(self) -> int:
+        """The least TCP retransmission timeout of the servers: Linux's 200 ms, or the time
+        the link's queue takes to drain if longer (see ``LINUX_TCP_RTO_MIN_US``)."""
+        if not self.rate:
+            return LINUX_TCP_RTO_MIN_US
+        drain = self.queue_bytes * 8 / rate_bits(self.rate)
+        return max(LINUX_TCP_RTO_MIN_US, round(drain * 1e6))
 
     @property
     def active(self) -> bool:
@@ -119,17 +132,38 @@ def kernel_has_netem() -> bool:
 # on each other (star:12 at 2 Mbit/s, 1M floats: 1.20x of the ring's prediction, 1.02x with
 # this); servers size their buffers to the path, and every TCP scheme here gets the same.
 SERVER_TCP_RMEM_MAX = 196_608
+# The most a TCP connection of a server keeps in its NIC's queue (TCP Small Queues: the
+# namespace's tcp_limit_output_bytes, 4 MB by default), about two 9000-byte segments: what
+# TSQ keeps at a real NIC's line rate. Here the NIC's rate is the server end's tbf, and Linux
+# sizes TSQ's share from the pacing rate, which it derives from the sub-millisecond RTT the
+# connection starts with: a connection queued there all its window let it (the mesh's
+# 96 KB per neighbour: 0.4 s at 2 Mbit/s), that delay came into its RTT faster than its
+# timeout adapted, and TCP timed out and re-sent segments still in that queue
+# (bcube:3,2 host-based at 2 Mbit/s, 256K floats: 170 re-sent segments, all spurious, 1.24-
+# 1.33x of the prediction; with this ~60, 1.09-1.10x). A segment waits in the socket instead.
+SERVER_TCP_LIMIT_OUTPUT_BYTES = 16_000
+# Linux's least TCP retransmission timeout is sized for links where a full queue drains in
+# milliseconds; a link emulated at 2 Mbit/s takes 1 s to drain its 256 KB queue, and a
+# segment that waited its turn there (a step's burst, an ACK behind its server's own data)
+# was presumed lost after 200 ms (bcube:3,2 host-based at 2 Mbit/s, 1M floats: 30-70 timeouts
+# per call, all spurious, and a stalled connection each time, 1.14x of the prediction; 1.08x
+# with none). So a server's TCP waits at least as long as its link's queue takes to drain
+# (``Shaping.tcp_rto_min_us``): Linux's own value at 10 Mbit/s and above.
+LINUX_TCP_RTO_MIN_US = 200_000
 
 
 def add_namespace(name: str) -> None:
     """A server's namespace, IPv4 only: interfaces moved in later send no IPv6 chatter
     (router solicitations, MLD) into the switches; TCP receive buffers sized to the link's
-    queue (``SERVER_TCP_RMEM_MAX``)."""
+    queue (``SERVER_TCP_RMEM_MAX``), its send queue at the NIC to two segments
+    (``SERVER_TCP_LIMIT_OUTPUT_BYTES``)."""
     run("ip", "netns", "add", name)
     for scope in ("all", "default"):
         run("sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1", namespace=name,
             check=False)
     run("sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 131072 {SERVER_TCP_RMEM_MAX}",
+        namespace=name, check=False)
+    run("sysctl", "-qw", f"net.ipv4.tcp_limit_output_bytes={SERVER_TCP_LIMIT_OUTPUT_BYTES}",
         namespace=name, check=False)
     run("ip", "link", "set", "lo", "up", namespace=name)
 
@@ -176,6 +210,8 @@ def shape_link(switch_side: str, host_side: str, namespace: str, shaping: Shapin
     through a detour, a veth pair in the server's namespace with a ``tbf`` queue of its own,
     and then out of the link; whatever queues there arrives after packets sent later.
     """
+    run("sysctl", "-qw", f"net.ipv4.tcp_rto_min_us={shaping.tcp_rto_min_us}",
+        namespace=namespace, check=False)
     for interface, ns in ((switch_side, None), (host_side, namespace)):
         run("tc", "qdisc", "del", "dev", interface, "root", namespace=ns, check=False)
         parent = ["root"]

@@ -15,7 +15,12 @@ from control_plane.fabric import Fabric
 from control_plane.status import read_events
 from emulation import net
 from emulation.net import State
-from emulation.netns import Shaping, kernel_has_netem
+from emulation.netns import (
+    SERVER_TCP_LIMIT_OUTPUT_BYTES,
+    SERVER_TCP_RMEM_MAX,
+    Shaping,
+    kernel_has_netem,
+)
 from emulation.workers import Push, check_sum, run_pushes
 from tests.conftest import NETNS_REASON, emulation
 
@@ -51,6 +56,12 @@ def test_star4_up_ping_aggregate_status_down(tmp_path):
             for b in range(4):
                 if a != b:
                     assert ping(state, a, topo.nics(b)[0].ip), f"h{a} cannot ping h{b}"
+        # Every TCP scheme gets the same server TCP: receive buffer and NIC queue share.
+        for key, value in (("tcp_rmem", SERVER_TCP_RMEM_MAX),
+                           ("tcp_limit_output_bytes", SERVER_TCP_LIMIT_OUTPUT_BYTES)):
+            got = subprocess.run(["ip", "netns", "exec", state.namespace_of(0), "sysctl", "-n",
+                                  f"net.ipv4.{key}"], capture_output=True, text=True).stdout
+            assert int(got.split()[-1]) == value, (key, got)
         fabric = Fabric.load(state.run_dir / "fabric.json")
         fabric.add_job(1, [0, 1, 2, 3])
         push_and_check(state, 1, [0, 1, 2, 3], tmp_path)
@@ -128,6 +139,12 @@ def test_impossible_shaping_refused_before_anything_is_made():
         with pytest.raises(net.NetError, match="delay needs the kernel's netem qdisc"):
             net.up("tbad", "star:2", shaping=Shaping(delay="1ms"))
     assert net.leftovers("tbad") == []
+
+
+def test_tcp_waits_at_least_as_long_as_the_link_queue_takes_to_drain():
+    assert Shaping().tcp_rto_min_us == 200_000  # Linux's own
+    assert Shaping(rate="20mbit").tcp_rto_min_us == 200_000  # 500 KB queue: 0.2 s
+    assert Shaping(rate="2mbit").tcp_rto_min_us == 1_024_000  # 256 KB at 250 KB/s
 
 
 def test_dead_switch_reported_by_health_monitor():
