@@ -57,11 +57,14 @@ IN_FLIGHT = 256
 # unacknowledged. Alone, either may have the whole queue (TCP keeps 3/4 of it, for bursts:
 # hosts.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
 # filling 192 KB of FIFO queue made every answer wait behind it, so the first step ran
-# ahead and the later ones lagged, and frames and TCP together overflowed it: frames 128 KB,
-# streams 64 KB (bcube:3,2 mixed at 2 Mbit/s: 1.30x -> 1.16x of its prediction).
+# ahead and the later ones lagged, and frames and TCP together overflowed it (bcube:3,2 mixed
+# at 2 Mbit/s: 1.30x -> 1.16x of its prediction with frames 128 KB, streams 64 KB). Each of
+# its steps waits for the one before, so every byte queued is latency on the path of the
+# call's last blocks: half that again (frames 64 KB, streams 32 KB), 256K floats 1.19x ->
+# 1.16x (1.10-1.12x with the engine's MID_CALL_STALL); a quarter was no better (1.12x).
 LINK_QUEUE_BYTES = 256_000
-SHARED_FRAME_BUDGET = 128_000
-SHARED_STREAM_BUDGET = 64_000
+SHARED_FRAME_BUDGET = 64_000
+SHARED_STREAM_BUDGET = 32_000
 STREAM_BUDGET = 192_000  # = hosts.sockets.QUEUE_BUDGET (checked in tests)
 FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
 MIN_CHANNEL_WINDOW = 16
