@@ -33,11 +33,11 @@ class DropCase:
         self.add_job(7, [1, 2], pool_size=8)
         a, b = values(), values()
         before = self.counters()
-        tu.send_packet(self, 1, contribution(1, 7, 0, a))
-        tu.send_packet(self, self.bad_port(), self.bad_packet(b))
+        self.send(1, contribution(1, 7, 0, a))
+        self.send(self.bad_port(), self.bad_packet(b))
         tu.verify_no_other_packets(self)
         last = contribution(2, 7, 1, b)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
@@ -140,8 +140,8 @@ class NoOwnerRoute(BmlTest):
 
         self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
         before = self.counters()
-        tu.send_packet(self, 1, contribution(1, 9, 0, values(), owner=6))
-        tu.send_packet(self, 2, contribution(2, 9, 1, values(), owner=6))
+        self.send(1, contribution(1, 9, 0, values(), owner=6))
+        self.send(2, contribution(2, 9, 1, values(), owner=6))
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 2, Stat.COMPLETED: 1},
                             {DropReason.NO_OWNER: 1})

@@ -35,9 +35,9 @@ class AggregationRound:
         packets = [contribution(port, 7, w, vectors[w], slot=3, offset=192)
                    for w, port in enumerate(ports)]
         for port, packet in zip(ports[:-1], packets[:-1], strict=True):
-            tu.send_packet(self, port, packet)
+            self.send(port, packet)
         tu.verify_no_other_packets(self)
-        tu.send_packet(self, ports[-1], packets[-1])
+        self.send(ports[-1], packets[-1])
         total = lane_sums(*vectors)
         for port in ports:
             tu.verify_packet(self, from_switch(packets[-1], port, PacketType.RESULT, total), port)
@@ -64,9 +64,9 @@ class SumsWrapLikeInt32(BmlTest):
         self.add_job(7, [1, 2])
         big = [(1 << 31) - 1] * VALUES_PER_PACKET
         small = [1, -5] + [2] * (VALUES_PER_PACKET - 2)
-        tu.send_packet(self, 1, contribution(1, 7, 0, big))
+        self.send(1, contribution(1, 7, 0, big))
         last = contribution(2, 7, 1, small)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         total = lane_sums(big, small)
         self.assertEqual(total[0], -(1 << 31))
         tu.verify_packet(self, from_switch(last, 1, PacketType.RESULT, total), 1)
@@ -81,14 +81,14 @@ class DuplicateIgnored(BmlTest):
         self.add_job(7, [1, 2, 3])
         vectors = [random_values() for _ in range(3)]
         before = self.counters()
-        tu.send_packet(self, 1, contribution(1, 7, 0, vectors[0]))
+        self.send(1, contribution(1, 7, 0, vectors[0]))
         again = contribution(1, 7, 0, vectors[0])
-        tu.send_packet(self, 1, again)
+        self.send(1, again)
         tu.verify_packet(self, from_switch(again, 1, PacketType.PENDING, count=1), 1)
-        tu.send_packet(self, 2, contribution(2, 7, 1, vectors[1]))
+        self.send(2, contribution(2, 7, 1, vectors[1]))
         tu.verify_no_other_packets(self)
         last = contribution(3, 7, 2, vectors[2])
-        tu.send_packet(self, 3, last)
+        self.send(3, last)
         total = lane_sums(*vectors)
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, total), port)
@@ -108,27 +108,27 @@ class PendingToSenderOnly(BmlTest):
         sent = [contribution(w + 1, 7, w, vectors[w], slot=6, version=1, offset=640,
                              exponent=130 + w, generation=3) for w in range(4)]
         before = self.counters()
-        tu.send_packet(self, 1, sent[0])
-        tu.send_packet(self, 3, sent[2])
+        self.send(1, sent[0])
+        self.send(3, sent[2])
         tu.verify_no_other_packets(self)
         resend = contribution(3, 7, 2, random_values(), slot=6, version=1, offset=640,
                               exponent=200, generation=3)
-        tu.send_packet(self, 3, resend)
+        self.send(3, resend)
         tu.verify_packet(self, from_switch(resend, 3, PacketType.PENDING, count=2), 3)
         tu.verify_no_other_packets(self)
-        tu.send_packet(self, 2, sent[1])
-        tu.verify_no_other_packets(self)  # added before the re-send (BMv2 keeps no order
-        tu.send_packet(self, 1, sent[0])  # across ports)
+        self.send(2, sent[1])
+        tu.verify_no_other_packets(self)
+        self.send(1, sent[0])
         tu.verify_packet(self, from_switch(sent[0], 1, PacketType.PENDING, count=3), 1)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.PENDING: 2})
-        tu.send_packet(self, 4, sent[3])
+        self.send(4, sent[3])
         total = lane_sums(*vectors)
         for port in (1, 2, 3, 4):
             tu.verify_packet(self, from_switch(sent[3], port, PacketType.RESULT, total,
                                                exponent=133), port)
         tu.verify_no_other_packets(self)
-        tu.send_packet(self, 3, resend)
+        self.send(3, resend)
         tu.verify_packet(self, from_switch(resend, 3, PacketType.RESULT_RETX, total,
                                            exponent=133), 3)
         tu.verify_no_other_packets(self)
@@ -143,11 +143,11 @@ class PendingOnToOwnerJob(BmlTest):
         self.add_job(9, [1, 2, 3], mode=ResultMode.TO_OWNER)
         values = random_values()
         before = self.counters()
-        tu.send_packet(self, 1, contribution(1, 9, 0, values, owner=2, slot=2, offset=128))
+        self.send(1, contribution(1, 9, 0, values, owner=2, slot=2, offset=128))
         again = contribution(1, 9, 0, values, owner=31, slot=2, offset=128)
-        tu.send_packet(self, 1, again)
+        self.send(1, again)
         tu.verify_packet(self, from_switch(again, 1, PacketType.PENDING, count=1), 1)
-        tu.send_packet(self, 1, contribution(1, 9, 0, values, owner=2, slot=2, offset=192))
+        self.send(1, contribution(1, 9, 0, values, owner=2, slot=2, offset=192))
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 1, Stat.PENDING: 1, Stat.DUPLICATE: 1})
 
@@ -160,14 +160,14 @@ class RetransmissionAfterCompletion(BmlTest):
         vectors = [random_values() for _ in range(3)]
         packets = [contribution(w + 1, 7, w, vectors[w], slot=5, offset=320) for w in range(3)]
         for w, packet in enumerate(packets):
-            tu.send_packet(self, w + 1, packet)
+            self.send(w + 1, packet)
         total = lane_sums(*vectors)
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(packets[-1], port, PacketType.RESULT, total),
                              port)
         before = self.counters()
         resend = contribution(2, 7, 1, vectors[1], slot=5, offset=320)
-        tu.send_packet(self, 2, resend)
+        self.send(2, resend)
         tu.verify_packet(self, from_switch(resend, 2, PacketType.RESULT_RETX, total), 2)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.RETX_ANSWERED: 1})
@@ -181,10 +181,10 @@ class ShadowCopiesAndSlotReuse(BmlTest):
         for use, version in enumerate((0, 1, 0, 1)):
             a, b = random_values(), random_values()
             offset = use * VALUES_PER_PACKET
-            tu.send_packet(self, 1, contribution(1, 7, 0, a, slot=2, version=version,
+            self.send(1, contribution(1, 7, 0, a, slot=2, version=version,
                                                  offset=offset))
             last = contribution(2, 7, 1, b, slot=2, version=version, offset=offset)
-            tu.send_packet(self, 2, last)
+            self.send(2, last)
             total = lane_sums(a, b)
             for port in (1, 2):
                 tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, total), port)
@@ -197,15 +197,15 @@ class OtherCopyStillAnswers(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [1, 2])
         a0, b0, a1 = random_values(), random_values(), random_values()
-        tu.send_packet(self, 1, contribution(1, 7, 0, a0, version=0, offset=0))
+        self.send(1, contribution(1, 7, 0, a0, version=0, offset=0))
         last = contribution(2, 7, 1, b0, version=0, offset=0)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):  # copy 0's result, which worker 1 (port 2) then says it missed
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a0, b0)),
                              port)
-        tu.send_packet(self, 1, contribution(1, 7, 0, a1, version=1, offset=64))
+        self.send(1, contribution(1, 7, 0, a1, version=1, offset=64))
         resend = contribution(2, 7, 1, b0, version=0, offset=0)
-        tu.send_packet(self, 2, resend)
+        self.send(2, resend)
         tu.verify_packet(self, from_switch(resend, 2, PacketType.RESULT_RETX,
                                            lane_sums(a0, b0)), 2)
         tu.verify_no_other_packets(self)
@@ -223,7 +223,7 @@ class LateCopyAfterMovingOn(BmlTest):
         round0 = [random_values() for _ in range(3)]
         sent0 = [contribution(w + 1, 7, w, round0[w], slot=1, offset=0) for w in range(3)]
         for w, packet in enumerate(sent0):
-            tu.send_packet(self, w + 1, packet)
+            self.send(w + 1, packet)
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(sent0[-1], port, PacketType.RESULT,
                                                lane_sums(*round0)), port)
@@ -231,14 +231,14 @@ class LateCopyAfterMovingOn(BmlTest):
         sent1 = [contribution(w + 1, 7, w, round1[w], slot=1, version=1, offset=64)
                  for w in range(3)]
         before = self.counters()
-        tu.send_packet(self, 1, sent1[0])  # worker 0 moves on, then worker 2
-        tu.send_packet(self, 3, sent1[2])
-        tu.send_packet(self, 1, contribution(1, 7, 0, round0[0], slot=1, offset=0))  # late
+        self.send(1, sent1[0])  # worker 0 moves on, then worker 2
+        self.send(3, sent1[2])
+        self.send(1, contribution(1, 7, 0, round0[0], slot=1, offset=0))  # late
         tu.verify_no_other_packets(self)
-        tu.send_packet(self, 1, sent1[0])  # worker 0 re-sends: it is in, still PENDING
+        self.send(1, sent1[0])  # worker 0 re-sends: it is in, still PENDING
         tu.verify_packet(self, from_switch(sent1[0], 1, PacketType.PENDING, count=2), 1)
         tu.verify_no_other_packets(self)
-        tu.send_packet(self, 2, sent1[1])
+        self.send(2, sent1[1])
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(sent1[1], port, PacketType.RESULT,
                                                lane_sums(*round1)), port)
@@ -255,10 +255,10 @@ class MaxExponent(BmlTest):
         vectors = [random_values() for _ in range(3)]
         exponents = [130, 151, 0]
         for w in range(2):
-            tu.send_packet(self, w + 1, contribution(w + 1, 7, w, vectors[w],
+            self.send(w + 1, contribution(w + 1, 7, w, vectors[w],
                                                      exponent=exponents[w]))
         last = contribution(3, 7, 2, vectors[2], exponent=exponents[2])
-        tu.send_packet(self, 3, last)
+        self.send(3, last)
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT,
                                                lane_sums(*vectors), exponent=151), port)
@@ -271,9 +271,9 @@ class ResultToOwner(BmlTest):
         self.add_job(9, [1, 2, 3], mode=ResultMode.TO_OWNER)
         vectors = [random_values() for _ in range(3)]
         for w in range(2):
-            tu.send_packet(self, w + 1, contribution(w + 1, 9, w, vectors[w], owner=1))
+            self.send(w + 1, contribution(w + 1, 9, w, vectors[w], owner=1))
         last = contribution(3, 9, 2, vectors[2], owner=1)
-        tu.send_packet(self, 3, last)
+        self.send(3, last)
         tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(*vectors)), 2)
         tu.verify_packet(self, from_switch(last, 1, PacketType.ACK), 1)
         tu.verify_packet(self, from_switch(last, 3, PacketType.ACK), 3)
@@ -286,9 +286,9 @@ class ResultMulticastToGroupOnly(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [2, 5])
         a, b = random_values(), random_values()
-        tu.send_packet(self, 2, contribution(2, 7, 0, a))
+        self.send(2, contribution(2, 7, 0, a))
         last = contribution(5, 7, 1, b)
-        tu.send_packet(self, 5, last)
+        self.send(5, last)
         tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(a, b)), 2)
         tu.verify_packet(self, from_switch(last, 5, PacketType.RESULT, lane_sums(a, b)), 5)
         tu.verify_no_other_packets(self)
@@ -302,7 +302,7 @@ class Broadcast(BmlTest):
         values = random_values()
         before = self.counters()
         packet = contribution(3, 7, 2, values, ptype=PacketType.BROADCAST, exponent=140)
-        tu.send_packet(self, 3, packet)
+        self.send(3, packet)
         for port in (1, 2, 4):
             tu.verify_packet(self, from_switch(packet, port, PacketType.BROADCAST, values), port)
         tu.verify_no_other_packets(self)
@@ -316,15 +316,15 @@ class TwoJobsIsolated(BmlTest):
         self.add_job(1, [1, 2], pool_base=0)
         self.add_job(2, [3, 4], pool_base=16)
         a1, b1, a2, b2 = (random_values() for _ in range(4))
-        tu.send_packet(self, 1, contribution(1, 1, 0, a1, slot=4))
-        tu.send_packet(self, 3, contribution(3, 2, 0, a2, slot=4))
+        self.send(1, contribution(1, 1, 0, a1, slot=4))
+        self.send(3, contribution(3, 2, 0, a2, slot=4))
         last2 = contribution(4, 2, 1, b2, slot=4)
-        tu.send_packet(self, 4, last2)
+        self.send(4, last2)
         tu.verify_packet(self, from_switch(last2, 3, PacketType.RESULT, lane_sums(a2, b2)), 3)
         tu.verify_packet(self, from_switch(last2, 4, PacketType.RESULT, lane_sums(a2, b2)), 4)
         tu.verify_no_other_packets(self)
         last1 = contribution(2, 1, 1, b1, slot=4)
-        tu.send_packet(self, 2, last1)
+        self.send(2, last1)
         tu.verify_packet(self, from_switch(last1, 1, PacketType.RESULT, lane_sums(a1, b1)), 1)
         tu.verify_packet(self, from_switch(last1, 2, PacketType.RESULT, lane_sums(a1, b1)), 2)
         tu.verify_no_other_packets(self)
@@ -336,12 +336,12 @@ class ResetThroughPacketOut(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         group = self.add_job(7, [1, 2])
         stale = random_values()
-        tu.send_packet(self, 1, contribution(1, 7, 0, stale))
+        self.send(1, contribution(1, 7, 0, stale))
         self.reset_slot(group, 0)
         a, b = random_values(), random_values()
-        tu.send_packet(self, 1, contribution(1, 7, 0, a))
+        self.send(1, contribution(1, 7, 0, a))
         last = contribution(2, 7, 1, b)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
@@ -360,18 +360,18 @@ class PoolPastTheRegisters(BmlTest):
         a, b = random_values(), random_values()
         before = self.counters()
         first = contribution(1, 7, 0, a, slot=9)
-        tu.send_packet(self, 1, first)
-        tu.send_packet(self, 1, first)
-        tu.send_packet(self, 2, contribution(2, 7, 1, b, slot=9))
+        self.send(1, first)
+        self.send(1, first)
+        self.send(2, contribution(2, 7, 1, b, slot=9))
         tu.verify_no_other_packets(self)
         alone = contribution(3, 8, 0, b, slot=12, exponent=130)
-        tu.send_packet(self, 3, alone)
+        self.send(3, alone)
         tu.verify_packet(self, from_switch(alone, 3, PacketType.RESULT, b), 3)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.AGGREGATED: 4, Stat.COMPLETED: 1})
         inside = [contribution(1, 7, 0, a, slot=3), contribution(2, 7, 1, b, slot=3)]
-        tu.send_packet(self, 1, inside[0])
-        tu.send_packet(self, 2, inside[1])
+        self.send(1, inside[0])
+        self.send(2, inside[1])
         for port in (1, 2):
             tu.verify_packet(self, from_switch(inside[1], port, PacketType.RESULT,
                                                lane_sums(a, b)), port)

@@ -19,11 +19,11 @@ class ForwardByMac(BmlTest):
         before = self.counters()
         ping = (Ether(dst=host_mac(4), src=host_mac(1)) / IP(src=host_ip(1), dst=host_ip(4))
                 / ICMP() / b"payload")
-        tu.send_packet(self, 1, ping)
+        self.send(1, ping)
         tu.verify_packet(self, ping, 4)
         other = (Ether(dst=host_mac(4), src=host_mac(2)) / IP(src=host_ip(2), dst=host_ip(4))
                  / UDP(sport=1234, dport=5678) / (b"x" * 100))
-        tu.send_packet(self, 2, other)
+        self.send(2, other)
         tu.verify_packet(self, other, 4)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.FORWARDED: 2})
@@ -32,6 +32,6 @@ class ForwardByMac(BmlTest):
 class UnknownDestinationDropped(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         before = self.counters()
-        tu.send_packet(self, 1, Ether(dst=host_mac(7), src=host_mac(1)) / IP() / b"x")
+        self.send(1, Ether(dst=host_mac(7), src=host_mac(1)) / IP() / b"x")
         tu.verify_no_other_packets(self)
         self.assert_counted(before, drops={DropReason.NO_ROUTE: 1})

@@ -27,7 +27,7 @@ class QueryAnsweredToSenderOnly(BmlTest):
         before = self.counters()
         query = contribution(2, 9, 1, [0] * VALUES_PER_PACKET, ptype=PacketType.GENERATION,
                              generation=1234)
-        tu.send_packet(self, 2, query)
+        self.send(2, query)
         tu.verify_packet(self, from_switch(query, 2, PacketType.GENERATION, generation=0), 2)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.GENERATION: 1})
@@ -40,13 +40,13 @@ class NewerCallAbandonsLeftovers(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2])
         leftover = random_values()
-        tu.send_packet(self, 1, contribution(1, 9, 0, leftover, slot=3, generation=4))
+        self.send(1, contribution(1, 9, 0, leftover, slot=3, generation=4))
         tu.verify_no_other_packets(self)
         a, b = random_values(), random_values()
         before = self.counters()
-        tu.send_packet(self, 1, contribution(1, 9, 0, a, slot=3, generation=5))
+        self.send(1, contribution(1, 9, 0, a, slot=3, generation=5))
         last = contribution(2, 9, 1, b, slot=3, generation=5)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
@@ -62,17 +62,17 @@ class OlderCallAnsweredNotAdded(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2, 3])
         fresh = [random_values() for _ in range(3)]
-        tu.send_packet(self, 1, contribution(1, 9, 0, fresh[0], slot=2, generation=7))
+        self.send(1, contribution(1, 9, 0, fresh[0], slot=2, generation=7))
         tu.verify_no_other_packets(self)
         before = self.counters()
         old = contribution(2, 9, 1, random_values(), slot=2, generation=6)
-        tu.send_packet(self, 2, old)
+        self.send(2, old)
         tu.verify_packet(self, from_switch(old, 2, PacketType.GENERATION, generation=7), 2)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.OLD_CALL: 1})
-        tu.send_packet(self, 2, contribution(2, 9, 1, fresh[1], slot=2, generation=7))
+        self.send(2, contribution(2, 9, 1, fresh[1], slot=2, generation=7))
         last = contribution(3, 9, 2, fresh[2], slot=2, generation=7)
-        tu.send_packet(self, 3, last)
+        self.send(3, last)
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT,
                                                lane_sums(*fresh)), port)
@@ -80,24 +80,28 @@ class OlderCallAnsweredNotAdded(BmlTest):
 
 
 class GenerationsWrapAround(BmlTest):
-    """Generations compare as 16-bit serial numbers: 0 follows 65535 (newer), and 65535 is
-    then older."""
+    """Generations compare as 16-bit serial numbers: a job set up at 0 moves up by newer calls
+    (each less than half the circle ahead) to 65535; 0 then follows it (newer: its call
+    starts the copy afresh and sums), and 65535 is then older."""
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2])
-        tu.send_packet(self, 1, contribution(1, 9, 0, random_values(), slot=1,
-                                             generation=0xFFFF))
+        before = self.counters()
+        for generation in (0x7FFF, 0xFFFE, 0xFFFF):  # each newer: it starts the copy afresh
+            self.send(1, contribution(1, 9, 0, random_values(), slot=1, generation=generation))
+        tu.verify_no_other_packets(self)
         a, b = random_values(), random_values()
-        tu.send_packet(self, 1, contribution(1, 9, 0, a, slot=1, generation=0))
+        self.send(1, contribution(1, 9, 0, a, slot=1, generation=0))
         last = contribution(2, 9, 1, b, slot=1, generation=0)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
         old = contribution(2, 9, 1, b, slot=1, version=1, offset=64, generation=0xFFFF)
-        tu.send_packet(self, 2, old)
+        self.send(2, old)
         tu.verify_packet(self, from_switch(old, 2, PacketType.GENERATION, generation=0), 2)
         tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 5, Stat.COMPLETED: 1, Stat.OLD_CALL: 1})
 
 
 class GenerationAnswerOnToOwnerJob(BmlTest):
@@ -106,10 +110,10 @@ class GenerationAnswerOnToOwnerJob(BmlTest):
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
-        tu.send_packet(self, 1, contribution(1, 9, 0, random_values(), owner=1,
+        self.send(1, contribution(1, 9, 0, random_values(), owner=1,
                                              generation=3))
         old = contribution(2, 9, 1, random_values(), owner=1, generation=2)
-        tu.send_packet(self, 2, old)
+        self.send(2, old)
         tu.verify_packet(self, from_switch(old, 2, PacketType.GENERATION, generation=3), 2)
         tu.verify_no_other_packets(self)
 
@@ -125,7 +129,7 @@ class LateCopyAfterEveryoneMovedOn(BmlTest):
         sent0 = [contribution(w + 1, 9, w, round0[w], slot=4, offset=0, generation=1)
                  for w in range(2)]
         for w, packet in enumerate(sent0):
-            tu.send_packet(self, w + 1, packet)
+            self.send(w + 1, packet)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(sent0[-1], port, PacketType.RESULT,
                                                lane_sums(*round0)), port)
@@ -133,19 +137,19 @@ class LateCopyAfterEveryoneMovedOn(BmlTest):
         sent1 = [contribution(w + 1, 9, w, round1[w], slot=4, version=1, offset=64,
                               generation=1) for w in range(2)]
         for w, packet in enumerate(sent1):  # both move on to copy 1
-            tu.send_packet(self, w + 1, packet)
+            self.send(w + 1, packet)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(sent1[-1], port, PacketType.RESULT,
                                                lane_sums(*round1)), port)
         before = self.counters()
-        tu.send_packet(self, 1, sent0[0])  # the late copy
+        self.send(1, sent0[0])  # the late copy
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.DUPLICATE: 1})
         round2 = [random_values(), random_values()]
         sent2 = [contribution(w + 1, 9, w, round2[w], slot=4, offset=128, generation=1)
                  for w in range(2)]
         for w, packet in enumerate(sent2):
-            tu.send_packet(self, w + 1, packet)
+            self.send(w + 1, packet)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(sent2[-1], port, PacketType.RESULT,
                                                lane_sums(*round2)), port)

@@ -160,9 +160,9 @@ class BadIpv4ChecksumIsNotChecked(BmlTest):
         before = self.counters()
         first = contribution(1, 7, 0, a)
         first[IP].chksum = 0x1234
-        tu.send_packet(self, 1, first)
+        self.send(1, first)
         last = contribution(2, 7, 1, b)
-        tu.send_packet(self, 2, last)
+        self.send(2, last)
         for port in (1, 2):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT, lane_sums(a, b)),
                              port)
@@ -191,7 +191,7 @@ class ForwardedByteForByte(BmlTest):
             edited_ip(moved, version=5),
         ]
         for frame in frames:
-            tu.send_packet(self, 1, frame)
+            self.send(1, frame)
             tu.verify_packet(self, frame, 4)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.FORWARDED: 3})

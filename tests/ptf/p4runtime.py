@@ -48,7 +48,7 @@ class DefaultEntryOfL2Forward(BmlTest):
             (stored,) = self.read_default()
             self.assertTrue(stored.is_default_action)
             self.assertEqual(stored.action.action.params[0].value, b"\x04")
-            tu.send_packet(self, 1, unknown)
+            self.send(1, unknown)
             tu.verify_packet(self, unknown, 4)
             tu.verify_no_other_packets(self)
             self.assert_counted(before, {Stat.FORWARDED: 1})
@@ -58,7 +58,7 @@ class DefaultEntryOfL2Forward(BmlTest):
                          self.session.p4info.action(NO_ROUTE).id)
         self.assertEqual(self.write_code("DELETE", self.default(None)), "INVALID_ARGUMENT")
         before = self.counters()
-        tu.send_packet(self, 1, unknown)
+        self.send(1, unknown)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, drops={DropReason.NO_ROUTE: 1})
 

@@ -108,6 +108,16 @@ class BmlTest(BaseTest):
         self.groups.append(group)
         return group
 
+    def send(self, port: int, packet) -> None:
+        """Send ``packet`` on ``port`` and wait until the switch has counted it (its stats or
+        drops moved): BMv2 keeps no order across its ports, so a packet sent next on another
+        port could overtake it, and the slot would complete on another contribution than the
+        one the test expects the answer to."""
+        before = self.counters()
+        tu.send_packet(self, port, packet)
+        self.wait_for(lambda: self.counters() != before, f"the switch to count a packet sent "
+                      f"on port {port}")
+
     def reset_slot(self, group: AggregationGroup, slot: int) -> None:
         before = self.stat(Stat.RESET)
         self.session.packet_out(reset_frames(SWITCH, group)[slot])
