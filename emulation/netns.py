@@ -145,10 +145,10 @@ SERVER_TCP_LIMIT_OUTPUT_BYTES = 16_000
 # Linux's least TCP retransmission timeout is sized for links where a full queue drains in
 # milliseconds; a link emulated at 2 Mbit/s takes 1 s to drain its 256 KB queue, and a
 # segment that waited its turn there (a step's burst, an ACK behind its server's own data)
-# was presumed lost after 200 ms (bcube:3,2 host-based at 2 Mbit/s, 1M floats: 30-70 timeouts
-# per call, all spurious, and a stalled connection each time, 1.14x of the prediction; 1.08x
-# with none). So a server's TCP waits at least as long as its link's queue takes to drain
-# (``Shaping.tcp_rto_min_us``): Linux's own value at 10 Mbit/s and above.
+# was presumed lost after 200 ms (bcube:3,2 host-based at 2 Mbit/s: 40-70 timeouts per call,
+# all spurious, and a stalled connection each time; at 1M floats 1.14x of the prediction,
+# 1.08-1.11x with none). So a server's TCP waits at least as long as its link's queue takes to
+# drain (``Shaping.tcp_rto_min_us``): Linux's own value at 10 Mbit/s and above.
 LINUX_TCP_RTO_MIN_US = 200_000
 
 
