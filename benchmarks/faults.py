@@ -108,7 +108,7 @@ def fault_row(state, fault: str, size: int, tmp: Path, baseline: float,
     grads = gradients(size, 2)
     running = start_pushes(state, JOB, [Push(s, s, g, None) for s, g in enumerate(grads)], tmp,
                            4, ["--timeout", "60"])
-    wait_for_progress(state, size // 64)  # a quarter of the contributions
+    wait_for_progress(state, size // 64, running=running)  # a quarter of the contributions
     victim = running[2][1]
     failed = time.monotonic()
     if fault == "worker killed":
@@ -186,7 +186,7 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
         server = 1
         where, broken = f"h{server}:eth1", (1, topo.switch_index(server, 1))
     (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
-    wait_for_progress(state, topo.num_servers * size // 64 // 4)
+    wait_for_progress(state, topo.num_servers * size // 64 // 4, running=running)
     failed = time.monotonic()
     if fault == "switch killed":
         net.fail_switch(state, where)

@@ -118,12 +118,18 @@ def aggregated(state) -> int:
                for name, (address, device_id) in switches.items())
 
 
-def wait_for_progress(state, contributions: int, timeout: float = 60.0) -> None:
+def wait_for_progress(state, contributions: int, timeout: float = 60.0,
+                      running: list[tuple[Path, subprocess.Popen]] | None = None) -> None:
     """Until the switches have added ``contributions`` more (a push is under way): where a
-    fault test or benchmark injects its fault."""
+    fault test or benchmark injects its fault. ``running`` (from ``start_pushes``): if one of
+    them ends first, or the time is up, they are stopped and the error says what they said."""
     start = aggregated(state)
     deadline = time.monotonic() + timeout
     while aggregated(state) - start < contributions:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the push made no progress within {timeout:g} s")
+        ended = any(process.poll() is not None for _output, process in running or ())
+        if ended or time.monotonic() > deadline:
+            said = "".join(f"\n  push {i}: exit {r.returncode}: {r.stderr.strip()[-400:]}"
+                           for i, r in enumerate(wait_pushes(running, 5.0) if running else ()))
+            why = "a push ended" if ended else f"no progress within {timeout:g} s"
+            raise RuntimeError(f"{why} before {contributions} contributions were added{said}")
         time.sleep(0.1)

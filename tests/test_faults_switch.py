@@ -53,7 +53,7 @@ def test_killed_switch_is_named_within_seconds_and_the_job_works_after_restore(s
     grads = gradients(4, 1 << 20, 21)
     running = start_pushes(star4, JOB, pushes(grads, None), tmp_path, 4,
                            ["--timeout", str(TIMEOUT)])
-    wait_for_progress(star4, 4000)
+    wait_for_progress(star4, 4000, running=running)
     net.fail_switch(star4, "s0")
     failed = time.monotonic()
     results = wait_pushes(running, TIMEOUT + 30)
@@ -77,7 +77,7 @@ def test_nic_down_mid_push_is_named_and_the_job_works_after_restore(star4, tmp_p
     stop at their timeout, naming the server they have no DONE from."""
     grads = gradients(4, 1 << 20, 23)
     running = start_pushes(star4, JOB, pushes(grads, None), tmp_path, 4, ["--timeout", "15"])
-    wait_for_progress(star4, 4000)
+    wait_for_progress(star4, 4000, running=running)
     net.fail_link(star4, "h1", "eth0", end="switch")  # the NIC loses its carrier
     failed = time.monotonic()
     results = wait_pushes(running, TIMEOUT + 30)
@@ -113,7 +113,7 @@ def fault_mid_push(state, job: int, schedule: str, tmp_path, inject, size: int =
     grads = gradients(servers, size, 31)
     running = start_pushes(state, job, pushes(grads, None), tmp_path, servers,
                            ["--timeout", str(TIMEOUT), "--schedule", schedule])
-    wait_for_progress(state, 3000)
+    wait_for_progress(state, 3000, running=running)
     inject()
     return wait_pushes(running, TIMEOUT + 30), grads
 

@@ -66,7 +66,7 @@ def kill_mid_push(state, job: int, interface: str | None, tmp_path, victim: int,
     others have made progress. The victim's own result is left out."""
     grads = gradients(4, 1 << 20, 7)
     running = start_pushes(state, job, pushes(grads, interface), tmp_path, 4, extra)
-    wait_for_progress(state, 4000)  # well into the push: about a quarter of it
+    wait_for_progress(state, 4000, running=running)  # well into the push: about a quarter of it
     process = running[victim][1]
     assert process.poll() is None, "the push ended before the fault: make it longer"
     os.kill(process.pid, signal.SIGSTOP if stop else signal.SIGKILL)
