@@ -768,19 +768,27 @@ class _Call:
         return exponents.astype(np.int64)
 
     def _wait(self, peers: list[Peer], deadline: float, what: str, missing: list[int]) -> None:
+        """Read from ``peers`` for a while; write to every neighbour that still has some of
+        its messages to send: a level's EXPONENTS larger than a connection's pacing limit
+        goes out in parts, and its tail must keep going out while this worker waits on the
+        next level (it did not: the neighbours of that level waited 60 s for it, each on
+        another, when the mixed schedule's limit fell below the exponents of 1M floats)."""
         if time.monotonic() > deadline:
             raise TransportError(
                 f"job {self.engine.job} server {self.engine.home}: no answer in {what} from "
                 f"server(s) {', '.join(map(str, missing))} within {self.engine.timeout:g} s: "
                 "are all the job's workers running?")
         poll = select.poll()
-        for peer in peers:
-            poll.register(peer.sock, select.POLLIN | (select.POLLOUT if peer.outbox
-                                                      and not peer.paced else 0))
+        sending = [peer for peer in self.engine.mesh.all() if peer.outbox]
+        waited = {id(peer) for peer in peers}
+        for peer in {id(peer): peer for peer in (*peers, *sending)}.values():
+            poll.register(peer.sock, (select.POLLIN if id(peer) in waited else 0)
+                          | (select.POLLOUT if peer.outbox and not peer.paced else 0))
         for fd, _event in poll.poll(20):
             del fd
-        for peer in peers:
+        for peer in sending:
             peer.flush()
+        for peer in peers:
             peer.fill()
             if peer.closed and not peer.inbox:
                 raise WorkerLost(f"job {self.engine.job}: server {self.engine.home_of(peer)} "
