@@ -383,7 +383,8 @@ class SwitchChannel:
                 self._launch(slot, now)
         self.release(now)
 
-    def overdue(self, now: float, rto: Rto) -> list[tuple[float, SwitchChannel, int, str]]:
+    def overdue(self, now: float, rto: Rto,
+                draining: bool) -> list[tuple[float, SwitchChannel, int, str]]:
         """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
         one timeout after the last send if a frame sent after it has been answered since
         (RACK's rule). Otherwise, while answers keep coming, its answer is only waiting its
@@ -392,11 +393,11 @@ class SwitchChannel:
         the channel still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
         doubling per retry from the second (per-slot back-off). A slot answered
         PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
-        PENDINGs (twice at most)."""
+        PENDINGs (twice at most). ``draining``: ``self.draining()``, which the caller has."""
         base, cap = rto.value, rto.cap
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         answered_sent = self.answered_sent
-        silence = base if self.draining() else base * MID_CALL_STALL
+        silence = base if draining else base * MID_CALL_STALL
         stalled = now - self.last_answer > silence
         overdue = []
         for slot, frame in enumerate(self.frames):
@@ -779,15 +780,17 @@ class _Call:
                 f"server(s) {', '.join(map(str, missing))} within {self.engine.timeout:g} s: "
                 "are all the job's workers running?")
         poll = select.poll()
-        sending = [peer for peer in self.engine.mesh.all() if peer.outbox]
         waited = {id(peer) for peer in peers}
-        for peer in {id(peer): peer for peer in (*peers, *sending)}.values():
-            poll.register(peer.sock, (select.POLLIN if id(peer) in waited else 0)
-                          | (select.POLLOUT if peer.outbox and not peer.paced else 0))
+        for peer in self.engine.mesh.all():
+            events = ((select.POLLIN if id(peer) in waited else 0)
+                      | (select.POLLOUT if peer.outbox and not peer.paced else 0))
+            if events:
+                poll.register(peer.sock, events)
         for fd, _event in poll.poll(20):
             del fd
-        for peer in sending:
-            peer.flush()
+        for peer in self.engine.mesh.all():
+            if peer.outbox:
+                peer.flush()
         for peer in peers:
             peer.fill()
             if peer.closed and not peer.inbox:
@@ -1036,14 +1039,16 @@ class _Call:
         for link in self.engine.links:
             rto = self.rto[link.level]
             channels = [c for (_p, level), c in self.channels.items() if level == link.level]
-            overdue = sorted((entry for channel in channels for entry in channel.overdue(
-                now, rto)), key=lambda entry: entry[0])
+            draining = [channel.draining() for channel in channels]
+            overdue = sorted((entry for channel, end in zip(channels, draining, strict=True)
+                              for entry in channel.overdue(now, rto, end)),
+                             key=lambda entry: entry[0])
             if not overdue:
                 continue
             # The end of the call on this NIC (its channels have sent everything): the link
             # has room, and each slot's own back-off bounds its re-sends, so no budget is
             # needed. (Not mid-call: there late slots often wait for lagging co-workers.)
-            ending = all(channel.draining() for channel in channels)
+            ending = all(draining)
             for _sent, channel, slot, why in overdue:
                 if not ending:
                     if link.budget >= 1:
