@@ -71,6 +71,27 @@ class Kind(enum.IntEnum):
     # [server] of workers that left (an elastic job goes on without them)
 
 
+def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
+                   count: int = 0, payload: bytes | memoryview = b"") -> bytes:
+    """One message as it goes on the wire."""
+    return MESSAGE.pack(kind, call, stripe, step, start, count, len(payload)) + bytes(payload)
+
+
+def decode_message(data: bytes | memoryview) -> tuple[int, int, int, int, int, int, bytes]:
+    """(kind, call, stripe, step, start, count, payload) of one encoded message."""
+    kind, call, stripe, step, start, count, size = MESSAGE.unpack_from(data)
+    return kind, call, stripe, step, start, count, bytes(data[MESSAGE.size:MESSAGE.size + size])
+
+
+def abort_message(call: int, reason: str, broken: set[tuple[int, int]] | None = None,
+                  lost: set[int] | None = None) -> bytes:
+    """An ABORT: why a worker gives up on ``call``, and which groups failed or which servers
+    left, so that every neighbour names the cause and re-plans the same way."""
+    payload = json.dumps({"reason": reason[:2000], "broken": sorted(broken or ()),
+                          "lost": sorted(lost or ())}).encode()
+    return encode_message(Kind.ABORT, call, payload=payload)
+
+
 @dataclass
 class Peer:
     server: int
@@ -86,8 +107,11 @@ class Peer:
 
     def send(self, kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
              count: int = 0, payload: bytes | memoryview = b"") -> None:
-        self.outbox += MESSAGE.pack(kind, call, stripe, step, start, count, len(payload))
-        self.outbox += payload
+        self.queue(encode_message(kind, call, stripe, step, start, count, payload))
+
+    def queue(self, message: bytes) -> None:
+        """Queue an encoded message and write what the kernel takes."""
+        self.outbox += message
         self.flush()
 
     def flush(self) -> None:
@@ -172,15 +196,13 @@ class Mesh:
 
     def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
               lost: set[int] | None = None, linger: float = 0.3) -> None:
-        """Tell every neighbour still connected why this worker gives up on ``call``, so that
-        each names the cause rather than this worker's leaving, and which groups failed or
-        which servers left, so that each re-plans the same way (best effort, bounded)."""
-        payload = json.dumps({"reason": reason[:2000], "broken": sorted(broken or ()),
-                              "lost": sorted(lost or ())}).encode()
+        """Tell every neighbour still connected why this worker gives up on ``call``
+        (``abort_message``), best effort and bounded by ``linger``."""
+        message = abort_message(call, reason, broken, lost)
         peers = [peer for peer in self.peers.values() if not peer.closed]
         for peer in peers:
             try:
-                peer.send(Kind.ABORT, call, payload=payload)
+                peer.queue(message)
             except (OSError, MeshError):
                 continue
         deadline = time.monotonic() + linger

@@ -1,0 +1,1122 @@
+"""One allreduce of one worker on every NIC, as a state machine without I/O.
+
+A ``Call`` never reads a clock or a socket: every input names the time it happens (``now``),
+and what it wants sent waits in ``frames`` (UDP datagrams per NIC level, to that NIC's switch)
+and ``messages`` (encoded mesh messages per neighbour) until its driver takes them;
+``next_wake()`` says when it needs ``on_timer`` next. The real engine (``hosts/engine.py``)
+drives it from one event loop over sockets; the simulator (``simulation/``) drives many of
+them over a simulated network in virtual time, so the code under test is the code that runs.
+
+A call runs in phases:
+
+1. **Generation.** A worker that does not know the job's generation (a fresh one, or after a
+   failed call) asks each switch job it aggregates in (a GENERATION question), again every
+   0.2 s, for ``start_timeout``.
+2. **Exponents.** Every block's max exponent over all N servers, by a max-exchange with the
+   neighbours of each dimension in turn (k rounds); it also checks that every worker has the
+   same gradient length and runs the same schedule, agrees the call's generation (newer than
+   anything an aborted call left in the switches, docs/PROTOCOL.md), and it is the call's
+   barrier. Every worker then quantises with that global exponent for N contributions, so
+   every partial sum, at any level, is an exact int32 that cannot overflow
+   (``hosts/quantize.py``): relays forward integers and the error bound is the single
+   switch's for N workers.
+3. **Steps, pipelined per block** (``bml/schedule.py``): a block enters a stripe's next step
+   the moment its previous one delivers it. Steps in the switch run as a ``SwitchChannel``: a
+   window of slots of the stripe's switch job, one per (stripe, level), with per-slot timers
+   and re-sends (the switch answers a re-sent contribution with the stored sum); it uses more
+   slots than it keeps frames in flight, so slots waiting on a loss do not idle the link.
+   Host-based steps send messages over the mesh. All-gather in the switch is a BROADCAST that
+   the switch copies to the other n-1 servers; a copy that was lost is asked for again (NEED)
+   once its sender said it has broadcast everything (SENT).
+4. **Done.** A worker with the whole result says DONE to every neighbour and is complete when
+   every neighbour said DONE to it (so nobody still needs a repair from it) and every switch
+   slot it used is back on copy 0 (an even number of uses: the next call starts clean).
+
+Failure detection runs through phases 2-4: a switch of this worker's that has sent nothing
+for ``SWITCH_SILENCE`` is asked whether it is alive; without an answer within
+``SWITCH_DEADLINE`` the call fails with ``PartFailed`` naming its group, which the driver
+re-plans around. A neighbour's closed connection fails it with ``WorkerLost``; an ABORT from a
+neighbour carries the same news on. Every phase is bounded (``start_timeout``, ``timeout``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import heapq
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bml.protocol import (
+    EXPONENT_NONE,
+    GENERATIONS,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    PAYLOAD_BYTES,
+    VALUES_PER_PACKET,
+    PacketType,
+    newer_generation,
+)
+from bml.schedule import (
+    MESSAGE_BLOCKS,
+    STRIPE_JOB_STRIDE,
+    Layout,
+    Op,
+    Range,
+    channel_slots,
+    channel_window,
+    length,
+    nic_in_flight,
+    split,
+    stripe_job_id,
+)
+from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
+from hosts.mesh import Kind, abort_reason, encode_message
+from hosts.quantize import block_exponents, dequantize, shift
+from hosts.transport import PRIMING_OFFSET, LengthMismatch, Rto, TransportError, generation_question
+
+_BE = np.dtype(">i4")
+_ZEROS = bytes(4 * VALUES_PER_PACKET)
+_RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
+
+RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
+RETX_BUDGET_CAP = 64.0
+# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
+# others) is not re-sent again before this many timeouts (doubling with every further
+# PENDING): only if the final answer is lost on its way does the switch need to hear from
+# this worker again.
+PENDING_FALLBACK = 2
+OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
+# Timeouts without any answer before a channel that still has uses to send presumes its
+# frames in flight lost. Mid-call a loss shows as a later frame answered first (RACK's rule);
+# a channel all of whose answers pause is mostly waiting behind its NIC's down link, busy
+# with the neighbours' broadcasts and streams. At a channel's end no later frame can give
+# that evidence, and one timeout is the rule.
+MID_CALL_STALL = 4
+SWITCH_SILENCE = 2.0  # s without a frame from a switch: ask whether it is alive
+SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
+GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
+
+
+@dataclass
+class Replan:
+    """One re-planning inside a call: what failed, and how long the call took to go on."""
+
+    cause: str
+    schedule: list[str]  # the degraded schedule's description
+    gave_up_at: float  # when this worker gave up on the failed plan
+    resumed_at: float = 0.0  # ... and when the new plan gave it its first whole block
+
+    @property
+    def recovery_seconds(self) -> float:
+        return self.resumed_at - self.gave_up_at
+
+
+@dataclass
+class EngineStats:
+    seconds: float = 0.0
+    frames_sent: int = 0
+    retransmissions: int = 0
+    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
+    # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
+    # answer at all for a timeout (stalled), a PENDING slot's fallback.
+    resent: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending"), 0))
+    broadcasts: int = 0
+    repairs_asked: int = 0
+    stream_bytes: int = 0
+    exponent_seconds: float = 0.0
+    first_result: float = 0.0  # time of the first whole block
+    last_result: float = 0.0  # ... and of the last: the rest of the call is the ending
+    replans: list[Replan] = field(default_factory=list)
+    attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)
+
+
+@dataclass
+class NicState:
+    """One NIC's state a worker keeps across calls: its answer-time estimate and its re-send
+    budget.
+
+    A slot's answer waits for every member of its group, so a late answer often means a slow
+    neighbour or a full queue, not a loss; re-sending then only lengthens the queues, and on a
+    loaded machine every re-send makes the next one likelier. So re-sends are clocked by
+    answers (like TCP's ACK clock): each answered slot earns ``RETX_PER_ANSWER`` re-sends, and
+    with the budget spent only the longest-waiting slot is re-sent, once per RTO. The switch
+    tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
+    that re-send is refunded (the slot then waits for the others, re-sent only by its
+    fallback timer), so the budget pays for lost frames and lost answers, not for the
+    co-workers' losses or lag. At the end of a call (every channel on the NIC has sent all
+    its uses) the link has room and re-sends need no budget (each slot's back-off still bounds
+    them); without that, the last slots trickle out one per RTO. Backing off is per slot
+    (``SwitchChannel.overdue``), never per NIC: with a window of slots in flight, one NIC-wide
+    doubling per lost frame would reach the cap within a few losses."""
+
+    level: int
+    switch_ip: str
+    rto: Rto = field(default_factory=lambda: Rto(floor=0.02, cap=1.0))
+    budget: float = RETX_BUDGET_CAP
+    last_forced: float = 0.0
+    last_heard: float = 0.0  # when a frame from the switch last arrived
+    asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
+    questions: int = 0  # how often since
+
+    def answered(self) -> None:
+        self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
+
+    def refund(self) -> None:
+        """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
+        slot, and the slot is not re-sent again soon, so it is not charged."""
+        self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
+
+
+class SwitchChannel:
+    """One stripe's step in one switch: a window of the stripe's switch-job slots.
+
+    Every member sends the same blocks in the same order (block i of ``blocks`` always uses
+    slot i mod W, use i // W), each as soon as it is ready and its slot free, so the members'
+    contributions meet in the same slot copy. ``owners`` says whose each block's sum is
+    (reduce-scatter: the switch sends it to the owner, an ACK to the others); None means all
+    get it (allreduce). ``in_order``: every member has every block ready from the start (a
+    stripe's first step), so all send in the same order; only then does the channel use more
+    of its ``window`` slots than its ``in_flight`` frames (``bml.schedule.channel_slots``)."""
+
+    def __init__(self, call: Call, nic: NicState, stripe: int, blocks: list[int],
+                 owners: list[int] | None, window: int, in_flight: int,
+                 in_order: bool = True) -> None:
+        self.call, self.nic, self.stripe = call, nic, stripe
+        self.level = nic.level
+        self.job = stripe_job_id(call.plan.job, stripe)
+        self.me = call.me[nic.level]
+        self.blocks = blocks
+        self.owners = owners
+        self.count = len(blocks)
+        self.window = channel_window(self.count, channel_slots(window, in_flight, in_order))
+        self.seq_of = {b: i for i, b in enumerate(blocks)}
+        self.ready_flags = bytearray(self.count)
+        self.next_use = [0] * self.window
+        uses = [-(-(self.count - s) // self.window) for s in range(self.window)]
+        self.total_uses = [u + (u & 1) for u in uses] if self.count else [0] * self.window
+        self.frames: list[bytes | None] = [None] * self.window
+        self.first_sent = [0.0] * self.window
+        self.last_sent = [0.0] * self.window
+        self.retries = [0] * self.window
+        self.pending = bytearray(self.window)  # PENDING answers to the use in flight
+        self.open_slots = sum(1 for u in self.total_uses if u)
+        self.name = f"stripe {stripe} on level {nic.level}"
+        # Frames presumed in the link's queue: sent after the latest frame answered (the
+        # queue is FIFO: anything sent before that one has passed it, or was lost; for a
+        # re-sent slot, which of its sends was answered is not known: the last). At most
+        # ``in_flight``; uses beyond wait in ``held``, lowest sequence number first, so that
+        # every member sends the blocks in the same order whatever order its answers came in
+        # (a member sending ahead of the others waits for them in the switch, not the link).
+        self.in_flight = in_flight
+        self.sends: deque[float] = deque()  # send times of the frames in the queue
+        self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
+        self.answered_sent = 0.0  # the latest send time of a frame answered so far
+        # Whether every member sends in the same order, so that a frame of this worker's
+        # sent later and answered sooner says the earlier one is lost: true where every block
+        # is ready at the start (a stripe's first step); a later step's blocks become ready
+        # in a different order on each member (as the step before delivers them), and an
+        # answer then only says that everyone had that block ready.
+        self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
+        self.last_answer = call.now
+
+    @property
+    def done(self) -> bool:
+        return self.open_slots == 0
+
+    def ready(self, block: int) -> None:
+        seq = self.seq_of[block]
+        self.ready_flags[seq] = 1
+        slot = seq % self.window
+        if self.frames[slot] is None and self.next_use[slot] * self.window + slot == seq:
+            self._launch(slot, self.call.now)
+
+    def _launch(self, slot: int, now: float) -> None:
+        heapq.heappush(self.held, (slot + self.next_use[slot] * self.window, slot))
+        self.release(now)
+
+    def release(self, now: float) -> None:
+        """Send held uses, lowest sequence number first, while the queue has room."""
+        held, sends = self.held, self.sends
+        while held and len(sends) < self.in_flight:
+            self._send_use(heapq.heappop(held)[1], now)
+
+    def _passed(self, sent: float) -> None:
+        """A frame sent at ``sent`` was answered: frames sent up to then left the queue."""
+        sends = self.sends
+        while sends and sends[0] <= sent:
+            sends.popleft()
+
+    def _send_use(self, slot: int, now: float) -> None:
+        use = self.next_use[slot]
+        seq = slot + use * self.window
+        call = self.call
+        if seq < self.count:
+            block = self.blocks[seq]
+            owner = self.owners[seq] if self.owners is not None else 0
+            frame = HEADER_STRUCT.pack(
+                PacketType.DATA, use & 1, self.job, self.me, owner, slot,
+                int(call.exponents[block]), call.valid_count(block), call.generation,
+                block * VALUES_PER_PACKET) + call.acc[block].astype(_BE).tobytes()
+        else:  # flush: every slot ends on an even number of uses
+            frame = HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
+                                       EXPONENT_NONE, 0, call.generation,
+                                       PRIMING_OFFSET) + _ZEROS
+        self.frames[slot] = frame
+        self.first_sent[slot] = self.last_sent[slot] = now
+        self.retries[slot] = 0
+        self.pending[slot] = 0
+        self.sends.append(now)
+        call.send_frame(self.level, frame)
+
+    def _expects(self, version: int, slot: int, offset: int, generation: int) -> int | None:
+        """The sequence number of the use an answer with these fields is for, if it is the
+        slot's use in flight; None for a late, stray or foreign answer."""
+        if slot >= self.window or self.frames[slot] is None or generation != self.call.generation:
+            return None
+        use = self.next_use[slot]
+        if version != use & 1:
+            return None
+        seq = slot + use * self.window
+        expected = self.blocks[seq] * VALUES_PER_PACKET if seq < self.count else PRIMING_OFFSET
+        return seq if offset == expected else None
+
+    def on_pending(self, now: float, version: int, slot: int, offset: int,
+                   generation: int) -> None:
+        """The switch has this worker's contribution to the slot's use in flight, and waits
+        for others: no more re-sends of it until the fallback (``overdue``)."""
+        if self._expects(version, slot, offset, generation) is None:
+            return
+        self._passed(self.last_sent[slot])
+        self.last_sent[slot] = self.last_answer = now  # the fallback runs from the answer
+        self.release(now)
+        if not self.pending[slot]:
+            self.nic.refund()  # the first one only: later ones are the fallback's
+            self.call.stats.pending += 1
+        self.pending[slot] = min(self.pending[slot] + 1, 3)  # the fallback doubles twice
+
+    def on_result(self, now: float, ptype: int, version: int, slot: int, offset: int,
+                  generation: int, data: bytes | bytearray | memoryview) -> None:
+        seq = self._expects(version, slot, offset, generation)
+        if seq is None:
+            return
+        use = self.next_use[slot]
+        block = self.blocks[seq] if seq < self.count else -1
+        mine = self.owners is None or (block >= 0 and self.owners[seq] == self.me)
+        if block >= 0 and mine and (ptype == PacketType.ACK or len(data) < PAYLOAD_BYTES):
+            return  # the owner needs the values
+        if self.retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
+            self.nic.rto.sample(now - self.first_sent[slot])
+            self.answered_sent = max(self.answered_sent, self.first_sent[slot])
+        self._passed(self.last_sent[slot])
+        self.last_answer = now
+        self.frames[slot] = None
+        self.next_use[slot] = use + 1
+        self.nic.answered()
+        if block >= 0 and mine:
+            values = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
+                                   offset=HEADER_BYTES)
+            self.call.reduced(self.stripe, self.level, block, values)
+        if self.next_use[slot] >= self.total_uses[slot]:
+            self.open_slots -= 1
+        else:
+            following = slot + self.next_use[slot] * self.window
+            if following >= self.count or self.ready_flags[following]:
+                self._launch(slot, now)
+        self.release(now)
+
+    def overdue(self, now: float, draining: bool) -> list[tuple[float, SwitchChannel, int, str]]:
+        """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
+        one timeout after the last send if a frame sent after it has been answered since
+        (RACK's rule). Otherwise, while answers keep coming, its answer is only waiting its
+        turn (in a queue, or for a co-worker) and it is not re-sent; once nothing has been
+        answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop; while
+        the channel still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
+        doubling per retry from the second (per-slot back-off). A slot answered
+        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
+        PENDINGs (twice at most). ``draining``: ``self.draining()``, which the caller has."""
+        rto = self.nic.rto
+        base, cap = rto.value, rto.cap
+        pending, retries, last_sent = self.pending, self.retries, self.last_sent
+        answered_sent = self.answered_sent
+        silence = base if draining else base * MID_CALL_STALL
+        stalled = now - self.last_answer > silence
+        overdue = []
+        for slot, frame in enumerate(self.frames):
+            if frame is None:
+                continue
+            sent = last_sent[slot]
+            if pending[slot]:
+                # Doubling twice at most: a slot whose answer is lost must not wait long.
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+                why = "pending"
+            elif sent < answered_sent:
+                # Lost, all but surely (a frame sent after it has come back): no back-off,
+                # which at 10% loss left the unlucky slots of a call's end waiting seconds.
+                wait = min(cap, base) * self.evidence_wait
+                why = "ordered"
+            elif stalled:
+                # Doubling twice at most: nothing is answered (a call's tail, a co-worker's
+                # lost frame, a dead switch, which the switch watch finds).
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 2)))
+                why = "stalled"
+            else:
+                continue
+            if now - sent > wait:
+                overdue.append((sent, self, slot, why))
+        return overdue
+
+    def resend(self, slot: int, now: float, why: str) -> None:
+        self.sends.append(now)
+        self.last_sent[slot] = now
+        self.retries[slot] += 1
+        stats = self.call.stats
+        stats.retransmissions += 1
+        stats.resent[why] += 1
+        self.call.send_frame(self.level, self.frames[slot])
+
+    def waiting(self) -> int:
+        return sum(1 for frame in self.frames if frame is not None)
+
+    def draining(self) -> bool:
+        """Every use of every slot is sent (and the last ones wait for answers) or answered:
+        the channel's end, nothing new will go out."""
+        frames, total = self.frames, self.total_uses
+        return all(use >= total[slot] or (use + 1 == total[slot] and frames[slot] is not None)
+                   for slot, use in enumerate(self.next_use))
+
+
+class Phase(enum.Enum):
+    GENERATION = "asking the switches for the job's generation"
+    EXPONENTS = "the exponent exchange"
+    STEPS = "the steps"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+class Call:
+    """The state of one allreduce: its phase, blocks, channels, messages. No I/O.
+
+    ``tag`` goes into every mesh message of this call (the driver keeps messages of the next
+    call for it and drops late ones of the last). ``last_generation``: this worker's last
+    call's generation if that call ended well, else None (ask the switches). ``backlog(level)``
+    says whether frames the driver took for that NIC still wait for room in the kernel: a
+    SENT waits for the broadcasts before it to leave, so a copy missing after it is lost."""
+
+    def __init__(self, plan: Membership, nics: list[NicState], flat: np.ndarray, tag: int,
+                 last_generation: int | None, now: float, window: int, timeout: float,
+                 start_timeout: float,
+                 progress: Callable[[int, int], None] | None = None,
+                 backlog: Callable[[int], bool] | None = None) -> None:
+        self.plan = plan
+        self.topology = plan.topology
+        self.schedule = plan.schedule
+        self.nics = nics
+        self.flat = flat
+        self.tag = tag & 0xFF
+        self.now = now
+        self.started = now
+        self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
+        self.progress = progress
+        self.backlog = backlog or (lambda _level: False)
+        self.frames: list[tuple[int, bytes]] = []  # (level, datagram) for the driver to send
+        self.messages: list[tuple[PeerKey, bytes]] = []  # (neighbour, encoded message)
+        self.result: np.ndarray | None = None
+        self.error: TransportError | None = None
+        self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
+        self.length = flat.size
+        self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
+        self.stats = EngineStats()
+        self.layout = Layout(self.schedule, self.blocks)
+        server = plan.server
+        self.me = self.topology.digits(server)
+        k = self.topology.k
+        self.pieces = [self.layout.pieces(p, server) for p in range(k)]
+        steps = [self.schedule.steps_of(p, server) for p in range(k)]
+        self.rs_dims = [self.schedule.rs_dims(p, server) for p in range(k)]
+        self.ar_dim = [next((s.dim for s in stripe if s.op is Op.AR), None) for stripe in steps]
+        self.ag_in_switch = [{s.dim: bool(s.switch_share) for s in stripe if s.op is Op.AG}
+                             for stripe in steps]
+        self.stripe_starts = [self.layout.stripe(p)[0] for p in range(k)]
+        self.done_from: set[PeerKey] = set()
+        self.closed: set[PeerKey] = set()
+        self.channels: dict[tuple[int, int], SwitchChannel] = {}
+        self.repairs: dict[tuple[int, int, int], float] = {}
+        self.next_scan = now
+        for nic in nics:
+            nic.last_heard, nic.asked, nic.questions = now, 0.0, 0
+        # The exponent exchange: what each neighbour sent for it, and the messages of this
+        # call that came after it before this worker finished its own exchange.
+        self.exchange_dim = 0
+        self.exchange_from: dict[PeerKey, tuple[dict, np.ndarray]] = {}
+        self.early: list[tuple[PeerKey, tuple]] = []
+        self._guard(self._start, last_generation)
+
+    # --- what the driver calls -----------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.phase in (Phase.COMPLETE, Phase.FAILED)
+
+    def on_frame(self, now: float, level: int, data: bytes | bytearray | memoryview) -> None:
+        """A datagram arrived on NIC ``level`` from its switch."""
+        if not self.finished:
+            self.now = now
+            self._guard(self._on_frame, level, data)
+
+    def on_message(self, now: float, key: PeerKey, kind: int, stripe: int, step: int,
+                   start: int, count: int, payload: bytes | memoryview) -> None:
+        """A whole mesh message of this call (its tag) from neighbour ``key``."""
+        if not self.finished:
+            self.now = now
+            self._guard(self._on_message, key, (kind, stripe, step, start, count, payload))
+
+    def on_closed(self, now: float, key: PeerKey) -> None:
+        """Neighbour ``key``'s connection closed, after every message it sent was given."""
+        if not self.finished:
+            self.now = now
+            self.closed.add(key)
+            self._guard(self._check_open, key)
+
+    def on_timer(self, now: float) -> None:
+        if not self.finished:
+            self.now = now
+            self._guard(self._on_timer)
+
+    def next_wake(self) -> float:
+        """When ``on_timer`` is due next (inf once the call is finished)."""
+        if self.finished:
+            return float("inf")
+        return min(self.next_scan, self.deadline)
+
+    def take_frames(self) -> list[tuple[int, bytes]]:
+        frames, self.frames = self.frames, []
+        return frames
+
+    def take_messages(self) -> list[tuple[PeerKey, bytes]]:
+        messages, self.messages = self.messages, []
+        return messages
+
+    # --- outputs -------------------------------------------------------------------------
+    def send_frame(self, level: int, frame: bytes) -> None:
+        self.frames.append((level, frame))
+        self.stats.frames_sent += 1
+
+    def send_message(self, key: PeerKey, kind: Kind, stripe: int = 0, step: int = 0,
+                     start: int = 0, count: int = 0, payload: bytes | memoryview = b"") -> None:
+        self.messages.append((key, encode_message(kind, self.tag, stripe, step, start, count,
+                                                  payload)))
+
+    def _guard(self, method: Callable, *args) -> None:
+        """Run an input; a failure ends the call with it (the driver reads ``error``)."""
+        try:
+            method(*args)
+        except TransportError as exc:
+            self.phase = Phase.FAILED
+            self.error = exc
+
+    # --- helpers -------------------------------------------------------------------------
+    def who(self) -> str:
+        return f"job {self.plan.job} server {self.plan.home}"
+
+    def home_of(self, key: PeerKey) -> int:
+        return self.plan.home_of(key[1])
+
+    def stripe_of(self, block: int) -> int:
+        return bisect.bisect_right(self.stripe_starts, block) - 1
+
+    def valid_count(self, block: int) -> int:
+        return max(0, min(VALUES_PER_PACKET, self.length - block * VALUES_PER_PACKET))
+
+    def depth(self, stripe: int, block: int) -> int:
+        """The deepest piece of this server that holds ``block``."""
+        depth = 0
+        for j, (start, stop) in enumerate(self.pieces[stripe]):
+            if start <= block < stop:
+                depth = j
+        return depth
+
+    def _switch_name(self, level: int) -> str:
+        topo = self.topology
+        return topo.switch_at(level, topo.switch_index(self.plan.server, level)).name
+
+    # --- phase 1: generation -------------------------------------------------------------
+    def _start(self, last_generation: int | None) -> None:
+        self.phase = Phase.GENERATION
+        self.deadline = self.started + self.start_timeout
+        self.asking = {(level, stripe_job_id(self.plan.job, p))
+                       for level, p in self.plan.switch_jobs()}
+        self.newest = 0
+        self.answered_levels: set[int] = set()
+        if last_generation is not None or not self.asking:
+            self._start_exchange(last_generation or 0)
+        else:
+            self._ask_generation()
+
+    def _ask_generation(self) -> None:
+        for level, job in sorted(self.asking):
+            self.send_frame(level, generation_question(job, self.me[level]))
+        self.next_scan = self.now + GENERATION_ASK_EVERY
+
+    def _generation_answer(self, level: int, job: int, generation: int) -> None:
+        if (level, job) not in self.asking:
+            return
+        self.asking.discard((level, job))
+        self.answered_levels.add(level)
+        if newer_generation(generation, self.newest):
+            self.newest = generation
+        if not self.asking:
+            self._start_exchange(self.newest)
+
+    def _generation_timed_out(self) -> None:
+        """Switches that never answered: if others of this worker's did, those are down or cut
+        off (re-planned around); if none did, the job is most likely not set up."""
+        silent = sorted({level for level, _job in self.asking} - self.answered_levels)
+        level, job = min(self.asking)
+        if silent and self.answered_levels and self.topology.k > 1:
+            broken = {(lvl, self.topology.switch_index(self.plan.server, lvl)) for lvl in silent}
+            raise PartFailed(
+                f"{self.who()}: switch(es) "
+                f"{', '.join(self._switch_name(lvl) for lvl in silent)} did not answer at the "
+                f"call's start within {self.start_timeout:g} s while the others did: down or "
+                "cut off", broken)
+        raise TransportError(
+            f"{self.who()}: switch {self.nics[level].switch_ip}"
+            f" (level {level}) did not answer for switch job {job} within "
+            f"{self.start_timeout:g} s: is the switch up, and is job {self.plan.job} set up "
+            "on it (bml-ctl job-add --servers all)?")
+
+    # --- phase 2: the exponent exchange --------------------------------------------------
+    def _start_exchange(self, last_generation: int) -> None:
+        self.phase = Phase.EXPONENTS
+        self.exchange_started = self.now
+        self.deadline = self.now + self.timeout
+        self.next_scan = self.now + 0.05
+        padded = np.zeros((self.blocks, VALUES_PER_PACKET), dtype=np.float32)
+        padded.reshape(-1)[:self.length] = self.flat
+        self.padded = padded
+        self.exponents_own = block_exponents(padded).astype(np.uint8)
+        self.merged = self.exponents_own
+        self.lengths = [self.length, self.length]
+        self.codes = {self.plan.plan_code}
+        self.proposed = (last_generation + 1) % GENERATIONS
+        self._send_exponents()
+        self._advance_exchange()
+
+    def _send_exponents(self) -> None:
+        dim = self.exchange_dim
+        head = json.dumps({"lengths": self.lengths, "codes": sorted(self.codes),
+                           "generation": self.proposed}).encode()
+        for key in self.plan.neighbours(dim):
+            self.send_message(key, Kind.EXPONENTS, 0, dim, len(head), self.merged.size,
+                              head + self.merged.tobytes())
+
+    def _exchange_message(self, key: PeerKey, message: tuple) -> None:
+        kind, _stripe, step, start, count, payload = message
+        if key in self.exchange_from:
+            self.early.append((key, (kind, _stripe, step, start, count, bytes(payload))))
+            return
+        if kind != Kind.EXPONENTS or step != key[0]:
+            raise TransportError(f"server {self.home_of(key)} sent {Kind(kind).name}"
+                                 " during the exponent exchange: it runs "
+                                 "another call or another version")
+        info = json.loads(bytes(payload[:start]))
+        self.exchange_from[key] = (info, np.frombuffer(
+            payload[start:], dtype=np.uint8, count=count).copy())
+        if self.phase is Phase.EXPONENTS:
+            self._advance_exchange()
+
+    def _advance_exchange(self) -> None:
+        """Merge each dimension's answers once all are in, then go on to the next."""
+        k = self.topology.k
+        while self.exchange_dim < k:
+            peers = self.plan.neighbours(self.exchange_dim)
+            if any(key not in self.exchange_from for key in peers):
+                return
+            for key in peers:
+                info, their = self.exchange_from[key]
+                self.lengths = [min(self.lengths[0], info["lengths"][0]),
+                                max(self.lengths[1], info["lengths"][1])]
+                self.codes |= set(info["codes"])
+                if newer_generation(info["generation"], self.proposed):
+                    self.proposed = info["generation"]
+                if their.size == self.merged.size:
+                    self.merged = np.maximum(self.merged, their)
+            self.exchange_dim += 1
+            if self.exchange_dim < k:
+                self._send_exponents()
+        self._exchange_done()
+
+    def _exchange_done(self) -> None:
+        if self.lengths[0] != self.lengths[1]:
+            raise LengthMismatch(
+                f"job {self.plan.job}: gradient lengths differ across the "
+                f"{self.topology.num_servers} workers (this worker has {self.length} elements; "
+                f"they range from {self.lengths[0]} to {self.lengths[1]}); nothing was summed")
+        if len(self.codes) > 1:
+            raise TransportError(f"job {self.plan.job}: the workers run different schedules "
+                                 f"({', '.join(sorted(self.codes))}); give all of them the same "
+                                 "--schedule")
+        self.generation = self.proposed
+        self.exponents = self.merged.astype(np.int64)
+        self.stats.exponent_seconds = self.now - self.started
+        n_total = self.topology.num_servers
+        scale = shift(self.exponents, n_total)
+        self.acc = np.rint(np.ldexp(self.padded.astype(np.float64),
+                                    scale[:, None])).astype(np.int32)
+        del self.padded
+        self.phase = Phase.STEPS
+        self.deadline = self.started + self.timeout
+        self._prepare()
+        early, self.early = self.early, []
+        for key, message in early:
+            self._step_message(key, message)
+        self._maybe_done()
+
+    # --- phase 3: set-up of the steps ----------------------------------------------------
+    def _prepare(self) -> None:
+        topo, plan = self.topology, self.plan
+        self.stage = np.zeros(self.blocks, dtype=np.int8)
+        self.final = np.zeros(self.blocks, dtype=bool)
+        self.finals = 0
+        self.incoming: dict[tuple[int, int], np.ndarray] = {}
+        self.incount: dict[tuple[int, int], np.ndarray] = {}
+        self.messages_left: dict[tuple, int] = {}  # outgoing message -> blocks not yet ready
+        self.ranges: dict[tuple, list[tuple[Range, list[PeerKey]]]] = {}
+        self.broadcast_left: dict[tuple[int, int], int] = {}
+        self.sent_due: list[tuple[int, int]] = []  # (stripe, step) whose SENT waits
+        self.done_sent = False
+        # Per stripe: which blocks go how at each RS step; channels for switch steps.
+        self.rs_owner: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        in_flight = nic_in_flight(self.schedule, plan.server)
+        for p in range(topo.k):
+            for j, dim in enumerate(self.rs_dims[p]):
+                parts = self.layout.rs_parts(p, j, plan.server)
+                owner = np.full(self.blocks, -1, dtype=np.int16)
+                via_switch = np.zeros(self.blocks, dtype=bool)
+                for i, (sw, host) in enumerate(parts):
+                    owner[sw[0]:sw[1]] = i
+                    owner[host[0]:host[1]] = i
+                    via_switch[sw[0]:sw[1]] = True
+                seq, owners = _interleaved([range(*sw) for sw, _host in parts])
+                self.rs_owner[(p, j)] = (owner, via_switch)
+                if seq:
+                    self.channels[(p, dim)] = SwitchChannel(
+                        self, self.nics[dim], p, seq, owners, self.window, in_flight[dim],
+                        in_order=j == 0)
+                outgoing = []
+                for i, (_sw, host) in enumerate(parts):
+                    if i == self.me[dim] or not length(host):
+                        continue
+                    target = topo.server_of(_replace(self.me, dim, i))
+                    outgoing.append((host, [(dim, target)]))
+                self.ranges[(Kind.CONTRIB, p, j)] = outgoing
+                mine = parts[self.me[dim]][1]
+                if length(mine):
+                    self.incoming[(p, j)] = np.zeros((self.blocks, VALUES_PER_PACKET),
+                                                     dtype=np.int32)
+                    self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
+            if self.ar_dim[p] is not None:
+                piece = self.pieces[p][-1]
+                if length(piece):
+                    self.channels[(p, self.ar_dim[p])] = SwitchChannel(
+                        self, self.nics[self.ar_dim[p]], p, list(range(*piece)), None,
+                        self.window, in_flight[self.ar_dim[p]], in_order=not self.rs_dims[p])
+            for j, dim in enumerate(self.rs_dims[p]):
+                own = self.pieces[p][j + 1]
+                if dim not in self.ag_in_switch[p]:
+                    continue
+                if self.ag_in_switch[p][dim]:
+                    self.broadcast_left[(p, j)] = length(own)
+                elif length(own):
+                    self.ranges[(Kind.FINAL, p, j)] = [(own, plan.neighbours(dim))]
+        for key, ranges in self.ranges.items():
+            for (start, stop), _peers in ranges:
+                for first in range(start, stop, MESSAGE_BLOCKS):
+                    self.messages_left[(*key, first)] = min(MESSAGE_BLOCKS, stop - first)
+        for p in range(topo.k):
+            for j in range(len(self.rs_dims[p])):
+                if not self.broadcast_left.get((p, j), 1):
+                    self._sent_all(p, j)
+        for p in range(topo.k):
+            start, stop = self.layout.stripe(p)
+            for block in range(start, stop):
+                self._enter(p, block, 0)
+        self.next_scan = self.now + 0.01
+
+    # --- block flow ----------------------------------------------------------------------
+    def _enter(self, p: int, block: int, j: int) -> None:
+        """``block`` of stripe ``p`` is ready as the input of the stripe's RS step ``j`` (or
+        of its AR / its end when ``j`` is past the last RS)."""
+        self.stage[block] = j
+        dims = self.rs_dims[p]
+        if j < len(dims):
+            dim = dims[j]
+            owner, via_switch = self.rs_owner[(p, j)]
+            if via_switch[block]:
+                self.channels[(p, dim)].ready(block)
+            elif owner[block] == self.me[dim]:
+                self._try_reduce(p, j, block)
+            else:
+                self._message_ready(Kind.CONTRIB, p, j, block)
+        elif self.ar_dim[p] is not None:
+            self.channels[(p, self.ar_dim[p])].ready(block)
+        else:
+            self._finalise(p, block, self.acc[block])
+
+    def _try_reduce(self, p: int, j: int, block: int) -> None:
+        count = self.incount[(p, j)]
+        if count[block] == self.topology.n - 1 and self.stage[block] == j:
+            count[block] = -1  # used
+            self.acc[block] += self.incoming[(p, j)][block]
+            self._enter(p, block, j + 1)
+
+    def reduced(self, p: int, dim: int, block: int, values: np.ndarray) -> None:
+        """A switch channel delivered the sum of ``block`` to this server."""
+        if self.ar_dim[p] == dim:
+            self._finalise(p, block, values)
+        else:
+            self.acc[block] = values
+            self._enter(p, block, self.rs_dims[p].index(dim) + 1)
+
+    def _finalise(self, p: int, block: int, values: np.ndarray) -> None:
+        if self.final[block]:
+            return
+        self.acc[block] = values
+        self.final[block] = True
+        self.finals += 1
+        if self.finals == 1:
+            self.stats.first_result = self.now
+        if self.finals == self.blocks:
+            self.stats.last_result = self.now
+        if self.progress is not None and self.finals % 1024 == 0:
+            self.progress(self.finals, self.blocks)
+        for j in range(self.depth(p, block)):
+            dim = self.rs_dims[p][j]
+            if self.ag_in_switch[p].get(dim):
+                self._broadcast(p, j, dim, block)
+            else:
+                self._message_ready(Kind.FINAL, p, j, block)
+
+    def _broadcast(self, p: int, j: int, dim: int, block: int) -> None:
+        self.send_frame(dim, HEADER_STRUCT.pack(
+            PacketType.BROADCAST, 0, stripe_job_id(self.plan.job, p), self.me[dim], 0, 0,
+            int(self.exponents[block]), self.valid_count(block), self.generation,
+            block * VALUES_PER_PACKET) + self.acc[block].astype(_BE).tobytes())
+        self.stats.broadcasts += 1
+        self.broadcast_left[(p, j)] -= 1
+        if self.broadcast_left[(p, j)] == 0:
+            self._sent_all(p, j)
+
+    def _sent_all(self, p: int, j: int) -> None:
+        """Say SENT once the broadcasts have left: while some still wait for room in the
+        kernel (the driver's ``backlog``), the SENT waits too (``_send_due``), so that a copy
+        missing after it arrives is lost, not late."""
+        self.sent_due.append((p, j))
+        self._send_due()
+
+    def _send_due(self) -> None:
+        waiting = []
+        for p, j in self.sent_due:
+            dim = self.rs_dims[p][j]
+            if self.backlog(dim) or any(level == dim for level, _frame in self.frames):
+                waiting.append((p, j))
+                continue
+            for key in self.plan.neighbours(dim):
+                self.send_message(key, Kind.SENT, p, j)
+        self.sent_due = waiting
+
+    def _message_ready(self, kind: Kind, p: int, j: int, block: int) -> None:
+        for (start, stop), peers in self.ranges[(kind, p, j)]:
+            if start <= block < stop:
+                first = start + (block - start) // MESSAGE_BLOCKS * MESSAGE_BLOCKS
+                key = (kind, p, j, first)
+                self.messages_left[key] -= 1
+                if self.messages_left[key] == 0:
+                    last = min(stop, first + MESSAGE_BLOCKS)
+                    payload = self.acc[first:last].astype(_BE).tobytes()
+                    for peer in peers:
+                        self.send_message(peer, kind, p, j, first, last - first, payload)
+                return
+
+    # --- what arrives --------------------------------------------------------------------
+    def _on_frame(self, level: int, data: bytes | bytearray | memoryview) -> None:
+        if len(data) < HEADER_BYTES or level >= len(self.nics):
+            return
+        (ptype, version, job, _worker, _owner, slot, _exp, _count, generation, offset) = \
+            HEADER_STRUCT.unpack_from(data)
+        nic = self.nics[level]
+        nic.last_heard, nic.asked = self.now, 0.0
+        p, rest = divmod(job - self.plan.job, STRIPE_JOB_STRIDE)
+        if rest or not 0 <= p < self.topology.k:
+            return
+        if ptype == PacketType.GENERATION:
+            if self.phase is Phase.GENERATION:
+                self._generation_answer(level, job, generation)
+            elif self.phase is Phase.STEPS and newer_generation(generation, self.generation):
+                raise TransportError(
+                    f"{self.who()}: switch {nic.switch_ip} (level {level}) has stripe {p}'s "
+                    f"job at generation {generation}, newer than this call's "
+                    f"{self.generation}: another run of this job started there, so this call "
+                    "is abandoned")
+            return
+        if self.phase is not Phase.STEPS:
+            return
+        if ptype == PacketType.BROADCAST:
+            block = offset // VALUES_PER_PACKET
+            if (generation == self.generation and len(data) >= PAYLOAD_BYTES
+                    and offset % VALUES_PER_PACKET == 0
+                    and self.layout.stripe(p)[0] <= block < self.layout.stripe(p)[1]
+                    and level in self.rs_dims[p]):
+                values = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
+                                       offset=HEADER_BYTES)
+                self._finalise(p, block, values)
+        elif ptype in _RESULTS:
+            channel = self.channels.get((p, level))
+            if channel is not None:
+                channel.on_result(self.now, ptype, version, slot, offset, generation, data)
+        elif ptype == PacketType.PENDING:
+            channel = self.channels.get((p, level))
+            if channel is not None:
+                channel.on_pending(self.now, version, slot, offset, generation)
+        self._maybe_done()
+
+    def _on_message(self, key: PeerKey, message: tuple) -> None:
+        if message[0] == Kind.ABORT:
+            self._aborted(key, message[5])
+        if self.phase is Phase.STEPS:
+            self._step_message(key, message)
+            self._maybe_done()
+        else:
+            self._exchange_message(key, message)
+
+    def _step_message(self, key: PeerKey, message: tuple) -> None:
+        kind, p, j, start, count, payload = message
+        if kind in (Kind.CONTRIB, Kind.FINAL):
+            if p >= self.topology.k or start + count > self.blocks:
+                return
+            values = np.frombuffer(payload, dtype=_BE).reshape(-1, VALUES_PER_PACKET)[:count]
+            if kind == Kind.CONTRIB:
+                if (p, j) not in self.incount:
+                    return
+                self.incoming[(p, j)][start:start + count] += values
+                self.incount[(p, j)][start:start + count] += 1
+                for block in range(start, start + count):
+                    self._try_reduce(p, j, block)
+            else:
+                for i, block in enumerate(range(start, start + count)):
+                    self._finalise(p, block, values[i])
+        elif kind == Kind.SENT:
+            self.repairs[(p, j, key[1])] = self.now + self._grace()
+        elif kind == Kind.DONE:
+            self.done_from.add(key)
+        elif kind == Kind.ABORT:
+            self._aborted(key, payload)
+        elif kind == Kind.NEED:
+            wanted = np.frombuffer(payload, dtype=">u4").reshape(-1, 2)
+            for first, last in wanted:
+                for start_, stop in _runs(np.flatnonzero(self.final[first:last]) + first):
+                    for block in range(start_, stop, MESSAGE_BLOCKS):
+                        end = min(stop, block + MESSAGE_BLOCKS)
+                        self.send_message(key, Kind.FINAL, p, j, block, end - block,
+                                          self.acc[block:end].astype(_BE).tobytes())
+
+    # --- timers --------------------------------------------------------------------------
+    def _on_timer(self) -> None:
+        now = self.now
+        if now > self.deadline:
+            self._fail()
+        if now < self.next_scan:
+            return
+        if self.phase is Phase.GENERATION:
+            self._ask_generation()
+            return
+        self._watch_switches(now)
+        if self.phase is Phase.STEPS:
+            if self.sent_due:
+                self._send_due()
+            self._resend(now)
+            self._repair(now)
+            self._maybe_done()
+        self.next_scan = now + min(nic.rto.value for nic in self.nics) / 2
+
+    def _resend(self, now: float) -> None:
+        """Re-send overdue slots, longest-waiting first, within each NIC's budget."""
+        for nic in self.nics:
+            channels = [c for (_p, level), c in self.channels.items() if level == nic.level]
+            draining = [channel.draining() for channel in channels]
+            overdue = sorted((entry for channel, end in zip(channels, draining, strict=True)
+                              for entry in channel.overdue(now, end)),
+                             key=lambda entry: entry[0])
+            if not overdue:
+                continue
+            # The end of the call on this NIC (its channels have sent everything): the link
+            # has room, and each slot's own back-off bounds its re-sends, so no budget is
+            # needed. (Not mid-call: there late slots often wait for lagging co-workers.)
+            ending = all(draining)
+            rto = nic.rto.value
+            for _sent, channel, slot, why in overdue:
+                if not ending:
+                    if nic.budget >= 1:
+                        nic.budget -= 1
+                    elif now - nic.last_forced > rto:
+                        nic.last_forced = now
+                    else:
+                        break
+                channel.resend(slot, now, why)
+
+    def _watch_switches(self, now: float) -> None:
+        """A switch of this worker's that has sent nothing for ``SWITCH_SILENCE`` while the
+        call goes on is asked whether it is alive (a GENERATION question, which it answers
+        whatever the other workers do); no answer within ``SWITCH_DEADLINE`` more: it is down
+        or cut off, and the call fails at once (``PartFailed``) instead of waiting out its
+        timeout. Every switch is watched, not only those owing answers: a dead switch also
+        stalls the broadcasts and the neighbours' messages that come through it."""
+        for level in self.plan.live_levels():
+            nic = self.nics[level]
+            # On a slow, saturated link a question and its answer wait in full queues: the
+            # bounds grow with the answer times this NIC sees.
+            rto = nic.rto.value
+            if now - nic.last_heard < max(SWITCH_SILENCE, 4 * rto):
+                continue
+            deadline = max(SWITCH_DEADLINE, 3 * rto)
+            if not nic.asked:
+                nic.asked, nic.questions = now, 0
+            elif now - nic.asked > deadline:
+                owed = [f"{c.name}: {c.waiting()} slot(s) waiting"
+                        for (_p, lvl), c in self.channels.items() if lvl == level and c.waiting()]
+                raise PartFailed(
+                    f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "
+                    f"{level}) stopped answering: nothing from it for "
+                    f"{now - nic.last_heard:.1f} s, not even to a question whether it is "
+                    f"alive, during {self.phase.value}"
+                    + (f" ({'; '.join(owed)})" if owed else "") + ": it is down or cut off",
+                    {(level, self.topology.switch_index(self.plan.server, level))})
+            if now - nic.asked >= nic.questions * deadline / 4:  # four questions
+                nic.questions += 1
+                self.send_frame(level, generation_question(self.plan.probe_job(),
+                                                           self.me[level]))
+
+    def _grace(self) -> float:
+        """How long after a neighbour's SENT a broadcast copy of its that has not come is
+        asked for again. The copies left before the SENT, through the same queues (its link
+        up, the switch, this server's link down), so one missing then is lost, not late; half
+        an RTO (one typical answer time) leaves room for reordering."""
+        return max(0.05, max(nic.rto.value for nic in self.nics) / 2)
+
+    def _repair(self, now: float) -> None:
+        """Ask a neighbour again for the broadcasts of its that never arrived."""
+        for key, due in list(self.repairs.items()):
+            if due > now:
+                continue
+            p, j, server = key
+            dim = self.rs_dims[p][j]
+            digit = self.topology.digits(server)[dim]
+            start, stop = split(self.pieces[p][j], self.topology.n)[digit]
+            missing = np.flatnonzero(~self.final[start:stop]) + start
+            if not missing.size:
+                del self.repairs[key]
+                continue
+            # Asked again after a while if still missing (an answer only covers what was final
+            # when the question came).
+            self.repairs[key] = now + 2 * self._grace()
+            runs = _runs(missing)
+            self.send_message((dim, server), Kind.NEED, p, j, 0, len(runs),
+                              np.array(runs, dtype=">u4").tobytes())
+            self.stats.repairs_asked += int(missing.size)
+
+    # --- the end -------------------------------------------------------------------------
+    def _maybe_done(self) -> None:
+        if self.phase is not Phase.STEPS:
+            return
+        if self.finals == self.blocks and not self.done_sent:
+            self.done_sent = True
+            for key in self.plan.peers():
+                self.send_message(key, Kind.DONE)
+        if (self.done_sent and not self.sent_due
+                and all(c.done for c in self.channels.values())
+                and len(self.done_from) == len(self.plan.peers())):
+            self.phase = Phase.COMPLETE
+            self.stats.seconds = self.now - self.started
+            n_total = self.topology.num_servers
+            self.result = dequantize(self.acc, self.exponents,
+                                     n_total).reshape(-1)[:self.length]
+            if self.progress is not None:
+                self.progress(self.blocks, self.blocks)
+
+    def _aborted(self, key: PeerKey, payload: bytes | memoryview) -> None:
+        reason, broken, lost = abort_reason(payload)
+        message = (f"{self.who()}: server {self.home_of(key)} (level {key[0]}) gave up on the "
+                   f"call: {reason}")
+        if broken:
+            raise PartFailed(message, broken)
+        if lost:
+            raise WorkerLost(message, lost)
+        raise TransportError(message)
+
+    def _check_open(self, key: PeerKey) -> None:
+        if key in self.done_from:
+            return
+        gone = self.home_of(key)
+        if self.phase is Phase.STEPS:
+            raise WorkerLost(
+                f"{self.who()}: server {gone} (level {key[0]}) closed its connection "
+                f"mid-call: it stopped ({self.blocks - self.finals} of {self.blocks} blocks "
+                "missing)", {gone})
+        what = (f"the exponent exchange on level {self.exchange_dim}"
+                if self.phase is Phase.EXPONENTS else self.phase.value)
+        raise WorkerLost(f"job {self.plan.job}: server {gone} (level {key[0]}) closed its "
+                         f"connection during {what}: it stopped", {gone})
+
+    def _fail(self) -> None:
+        if self.phase is Phase.GENERATION:
+            self._generation_timed_out()
+        if self.phase is Phase.EXPONENTS:
+            dim = self.exchange_dim
+            missing = [self.home_of(key) for key in self.plan.neighbours(dim)
+                       if key not in self.exchange_from]
+            raise TransportError(
+                f"{self.who()}: no answer in the exponent exchange on level {dim} from "
+                f"server(s) {', '.join(map(str, missing))} within {self.timeout:g} s: "
+                "are all the job's workers running?")
+        stuck = [f"{c.name}: {c.waiting()} slot(s) waiting for switch {c.nic.switch_ip}"
+                 for c in self.channels.values() if not c.done and c.waiting()]
+        silent = [f"{self.home_of(key)} (level {key[0]})" for key in self.plan.peers()
+                  if key not in self.done_from]
+        raise TransportError(
+            f"{self.who()}: {self.blocks - self.finals} of "
+            f"{self.blocks} blocks still missing after {self.now - self.started:.1f} s"
+            + (f"; {'; '.join(stuck)}" if stuck else "")
+            + (f"; no DONE yet from server(s) {', '.join(silent)}" if silent else "")
+            + ": a worker, a switch or a link stopped")
+
+
+def _interleaved(parts: list[range]) -> tuple[list[int], list[int]]:
+    """(blocks, owner of each) taking the parts' blocks in turn: every owner's sums come back
+    at the same pace, so every group of the next step gets its input from the start (one
+    part after another, the last part's owners would start their next step at the end, their
+    links idle meanwhile and busy after everybody else's)."""
+    seq: list[int] = []
+    owners: list[int] = []
+    for position in range(max((len(part) for part in parts), default=0)):
+        for i, part in enumerate(parts):
+            if position < len(part):
+                seq.append(part[position])
+                owners.append(i)
+    return seq, owners
+
+
+def _runs(blocks: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted block numbers as contiguous [start, stop) runs."""
+    if not blocks.size:
+        return []
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(blocks, breaks)]
+
+
+def _replace(digits: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
+    return (*digits[:dim], value, *digits[dim + 1:])

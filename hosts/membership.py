@@ -1,0 +1,141 @@
+"""Who takes part in a worker's calls and how: the job, its servers, the schedule.
+
+It changes only between calls: a failed switch or link re-plans the schedule around its group
+(``replanned``), and an elastic job on a star goes on without a worker that left (``shrunk``).
+Every worker makes the same change from the same ABORT, so they stay in agreement. No I/O:
+the real engine (``hosts/engine.py``) and the simulator (``simulation/``) both use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bml.schedule import (
+    HOST_BASED,
+    Group,
+    Op,
+    Schedule,
+    ScheduleError,
+    make_schedule,
+    stripe_job_id,
+)
+from bml.topology import Topology
+from hosts.transport import TransportError
+
+
+class PartFailed(TransportError):
+    """A switch, or this server's link to it, stopped: the call can be re-planned around the
+    ``broken`` groups (``Schedule.degraded``)."""
+
+    def __init__(self, message: str, broken: set[Group]) -> None:
+        super().__init__(message)
+        self.broken = set(broken)
+
+
+class WorkerLost(TransportError):
+    """A neighbour left mid-call (its connection closed): an elastic job goes on without the
+    ``lost`` servers; any other fails the call naming them."""
+
+    def __init__(self, message: str, lost: set[int]) -> None:
+        super().__init__(message)
+        self.lost = set(lost)
+
+
+PeerKey = tuple[int, int]  # (dimension, server in the job's topology): one mesh connection
+
+
+@dataclass(frozen=True)
+class Membership:
+    """``topology`` is the job's topology now (after a shrink, a star of the survivors) and
+    ``server`` this worker's number in it; ``members`` maps those numbers to servers of
+    ``whole``, the topology the job was set up on."""
+
+    job: int
+    whole: Topology
+    members: tuple[int, ...]
+    topology: Topology
+    server: int
+    schedule: Schedule
+    elastic: bool = False
+
+    @classmethod
+    def of(cls, job: int, server: int, topology: Topology, schedule: Schedule,
+           elastic: bool = False) -> Membership:
+        return cls(job, topology, tuple(range(topology.num_servers)), topology, server,
+                   schedule, elastic)
+
+    @property
+    def home(self) -> int:
+        """This worker's server number in the job's topology as set up."""
+        return self.members[self.server]
+
+    def home_of(self, server: int) -> int:
+        return self.members[server]
+
+    @property
+    def plan_code(self) -> str:
+        """What every worker of a call must agree on: the schedule and who takes part."""
+        if len(self.members) == self.whole.num_servers:
+            return self.schedule.code
+        return f"{self.schedule.code}:servers={','.join(map(str, self.members))}"
+
+    def neighbours(self, dim: int) -> list[PeerKey]:
+        return [(dim, s) for s in self.topology.neighbours(self.server, dim)]
+
+    def peers(self) -> list[PeerKey]:
+        return [key for dim in range(self.topology.k) for key in self.neighbours(dim)]
+
+    def detours(self) -> dict[int, int]:
+        """Level -> the level whose NICs carry this worker's connections of that level (its
+        group there is broken)."""
+        return {level: self.topology.detour_level(level) for level in range(self.topology.k)
+                if self.schedule.is_broken(self.server, level)}
+
+    def switch_jobs(self) -> list[tuple[int, int]]:
+        """(level, stripe) of every switch job the schedule aggregates in."""
+        schedule = self.schedule
+        return sorted({(s.dim, p) for p in range(len(schedule.stripes))
+                       for s in schedule.steps_of(p, self.server)
+                       if s.op is not Op.AG and s.switch_share > 0})
+
+    def probe_job(self) -> int:
+        """The switch job a liveness question is asked for: every switch of a scheduled job
+        has its stripe 0's group."""
+        return stripe_job_id(self.job, 0)
+
+    def live_levels(self) -> list[int]:
+        """This worker's levels whose switch the schedule still counts on."""
+        return [level for level in range(self.topology.k)
+                if not self.schedule.is_broken(self.server, level)]
+
+    def replanned(self, failure: PartFailed) -> Membership:
+        """Go on without the failed groups: a degraded schedule (connections over detours)."""
+        if failure.broken <= self.schedule.broken:  # already planned around: no way on
+            raise TransportError(f"{failure}; it was already re-planned around")
+        try:
+            schedule = self.schedule.degraded(failure.broken)
+        except ScheduleError as exc:
+            raise TransportError(f"{failure}; no re-planning around it: {exc}") from None
+        return replace(self, schedule=schedule)
+
+    def shrunk(self, loss: WorkerLost) -> Membership:
+        """Go on with the survivors: a star of them, host-based (the switch's job still counts
+        the whole membership, and only the control plane could change that)."""
+        if not self.elastic:
+            raise TransportError(str(loss))
+        if self.whole.k != 1:
+            raise TransportError(f"{loss}; an elastic job shrinks on a star only "
+                                 f"({self.whole.spec} is a BCube)")
+        members = tuple(m for m in self.members if m not in loss.lost)
+        if len(members) == len(self.members):  # nobody new left: no way on
+            raise TransportError(f"{loss}; it was already left out")
+        if len(members) < 2 or self.home not in members:
+            raise TransportError(f"{loss}; fewer than two workers are left")
+        topology = Topology(len(members), 1, "star")
+        return replace(self, members=members, topology=topology,
+                       server=members.index(self.home),
+                       schedule=make_schedule(topology, HOST_BASED))
+
+    def addresses(self) -> list[tuple[str, ...]]:
+        """Per server of ``topology``, its NICs' addresses."""
+        return [tuple(nic.ip for nic in self.whole.nics(m)) for m in self.members]
