@@ -428,6 +428,7 @@ class Call:
         self.messages: list[tuple[PeerKey, bytes]] = []  # (neighbour, encoded message)
         self.result: np.ndarray | None = None
         self.error: TransportError | None = None
+        self.failed_after_result: PartFailed | WorkerLost | None = None
         self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
         self.length = flat.size
         self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
@@ -493,6 +494,13 @@ class Call:
             return float("inf")
         return min(self.next_scan, self.deadline)
 
+    def on_sent(self, now: float) -> None:
+        """The driver has handed every frame it took to its NICs (or their backlog): a SENT
+        that waited for its broadcasts can go if they left."""
+        if not self.finished and self.phase is Phase.STEPS and self.sent_due:
+            self.now = now
+            self._guard(self._send_due)
+
     def take_frames(self) -> list[tuple[int, bytes]]:
         frames, self.frames = self.frames, []
         return frames
@@ -512,9 +520,22 @@ class Call:
                                                   payload)))
 
     def _guard(self, method: Callable, *args) -> None:
-        """Run an input; a failure ends the call with it (the driver reads ``error``)."""
+        """Run an input; a failure ends the call with it (the driver reads ``error``). A
+        failed part or a neighbour that left, once this worker holds every block's sum, only
+        keeps DONEs from coming: the sum is right and is the result, and the failure
+        (``failed_after_result``) is for the driver to act on before the next call (a
+        neighbour that still lacked blocks re-plans and fails without this worker, with an
+        error that names the fault; re-running here would fail everywhere instead, since
+        neighbours that completed are gone)."""
         try:
             method(*args)
+        except (PartFailed, WorkerLost) as exc:
+            if self.phase is Phase.STEPS and self.finals == self.blocks:
+                self.failed_after_result = exc
+                self._complete()
+            else:
+                self.phase = Phase.FAILED
+                self.error = exc
         except TransportError as exc:
             self.phase = Phase.FAILED
             self.error = exc
@@ -928,7 +949,7 @@ class Call:
     # --- timers --------------------------------------------------------------------------
     def _on_timer(self) -> None:
         now = self.now
-        if now > self.deadline:
+        if now >= self.deadline:
             self._fail()
         if now < self.next_scan:
             return
@@ -1040,13 +1061,15 @@ class Call:
         if (self.done_sent and not self.sent_due
                 and all(c.done for c in self.channels.values())
                 and len(self.done_from) == len(self.plan.peers())):
-            self.phase = Phase.COMPLETE
-            self.stats.seconds = self.now - self.started
-            n_total = self.topology.num_servers
-            self.result = dequantize(self.acc, self.exponents,
-                                     n_total).reshape(-1)[:self.length]
-            if self.progress is not None:
-                self.progress(self.blocks, self.blocks)
+            self._complete()
+
+    def _complete(self) -> None:
+        self.phase = Phase.COMPLETE
+        self.stats.seconds = self.now - self.started
+        n_total = self.topology.num_servers
+        self.result = dequantize(self.acc, self.exponents, n_total).reshape(-1)[:self.length]
+        if self.progress is not None:
+            self.progress(self.blocks, self.blocks)
 
     def _aborted(self, key: PeerKey, payload: bytes | memoryview) -> None:
         reason, broken, lost = abort_reason(payload)

@@ -82,7 +82,10 @@ class Engine:
         worker leaves mid-call the others go on without it (``Membership.shrunk``)."""
         self.plan = Membership.of(job, server, topology, schedule, elastic)
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
-        self.calls = 0
+        self.calls = 0  # on this mesh: a call's tag (a new mesh starts again, on every end)
+        # A failure the last call saw after it had its result (a part down, a neighbour
+        # gone): re-planned, or the mesh made again, before the next call.
+        self.aftermath: PartFailed | WorkerLost | None = None
         # The last call's generation if it ended well; None: ask the switches (a fresh worker,
         # or one whose last call failed and may have left state behind).
         self.generation: int | None = None
@@ -131,6 +134,7 @@ class Engine:
     def _connect(self) -> Mesh:
         """The mesh to the neighbours, over detours on the levels the schedule has broken."""
         plan = self.plan
+        self.calls = 0
         try:
             return Mesh(plan.job, plan.server, plan.topology, self.start_timeout,
                         plan.detours(), plan.addresses(),
@@ -158,6 +162,7 @@ class Engine:
         flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
         started = time.monotonic()
         replans: list[Replan] = []
+        self._recover()
         while True:
             self.calls += 1
             generation, self.generation = self.generation, None
@@ -191,6 +196,10 @@ class Engine:
                 raise TransportError(str(error)) from None
         stats = call.stats
         self.generation = call.generation
+        if call.failed_after_result is not None:
+            failure = self.aftermath = call.failed_after_result
+            self.mesh.abort(call.tag, str(failure), getattr(failure, "broken", None),
+                            getattr(failure, "lost", None))
         if replans:
             replans[-1].resumed_at = stats.first_result
         stats.replans = replans
@@ -198,6 +207,20 @@ class Engine:
         stats.seconds = time.monotonic() - started  # failed attempts included
         stats.stream_bytes = sum(p.sent_bytes for p in self.mesh.all())
         return call.result, stats
+
+    def _recover(self) -> None:
+        """Before a call: re-plan around what the last one saw fail after its result, and
+        make the mesh again if a neighbour's connection closed (it left, or was restarted:
+        a new process starts its mesh, and its calls' tags, afresh)."""
+        failure, self.aftermath = self.aftermath, None
+        plan = self.plan
+        if isinstance(failure, PartFailed) and not failure.broken <= plan.schedule.broken:
+            try:
+                plan = plan.replanned(failure)
+            except TransportError:
+                pass  # no way around it: the call will say so
+        if plan != self.plan or any(peer.closed for peer in self.mesh.all()):
+            self._change(plan)
 
     def _change(self, plan: Membership) -> None:
         """Go on under a new membership (it raised TransportError if there is no way on):
@@ -286,8 +309,11 @@ class Engine:
             call.on_message(now, key, *message)
 
     def _send(self, call: Call) -> None:
-        for level, frame in call.take_frames():
+        frames = call.take_frames()
+        for level, frame in frames:
             self.links[level].send(frame)
+        if frames:
+            call.on_sent(time.monotonic())
         peers = self.mesh.peers
         for key, message in call.take_messages():
             peers[key].queue(message)

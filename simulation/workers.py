@@ -1,0 +1,322 @@
+"""Workers in virtual time: the real ``hosts.call.Call`` and ``hosts.membership.Membership``,
+driven the way ``hosts.engine.Engine`` drives them, over the simulated network.
+
+What the engine does with sockets happens here with ``simulation.network``: frames go to
+``Network.send_frame``, mesh messages down a reliable stream along the connection's route
+(direct, or over relays where the schedule has the level broken), and what arrives is given
+to the call with the virtual time. The mesh's connections are modelled as TCP's are used:
+a connection joins two workers while both are connecting (a new membership, or the start);
+closing one (a worker that re-plans, stops or dies) reaches the other end after everything
+sent before it, as a FIN does; messages of a connection that was replaced are dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bml.protocol import job_udp_port
+from hosts.call import Call, EngineStats, NicState, Replan
+from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
+from hosts.mesh import abort_message, decode_message
+from hosts.transport import TransportError
+from simulation.network import Clock, Network
+
+CLOSE_DELAY = 0.3  # s a worker that gives up lingers (its ABORTs leave) before reconnecting
+
+
+class State(enum.Enum):
+    CONNECTING = "connecting"
+    CALLING = "calling"
+    IDLE = "idle"
+    FAILED = "failed"
+    DEAD = "dead"
+    FROZEN = "frozen"
+
+
+@dataclass
+class Outcome:
+    """How one worker's call ended: its sum, or its error, and when."""
+
+    result: np.ndarray | None = None
+    error: str | None = None
+    ended: float = 0.0
+    stats: EngineStats | None = None
+    replans: list[Replan] = field(default_factory=list)
+
+
+class SimWorker:
+    """One server's worker of one job."""
+
+    def __init__(self, world: WorkerWorld, plan: Membership, window: int, timeout: float,
+                 start_timeout: float) -> None:
+        self.world = world
+        self.clock: Clock = world.clock
+        self.network: Network = world.network
+        self.plan = plan
+        self.home = plan.home
+        self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
+        self.nics = [NicState(level, nic.ip) for level, nic in
+                     enumerate(plan.whole.nics(self.home))]
+        self.state = State.IDLE
+        self.calls = 0
+        self.generation: int | None = None
+        self.mesh_id = 0
+        self.linked: dict[int, tuple[int, ...]] = {}  # peer's home -> connection id
+        self.inbox: dict[int, deque] = {}  # peer's home -> messages not yet given to a call
+        self.closed: set[int] = set()  # peers' homes whose connection closed
+        self.call: Call | None = None
+        self.flat: np.ndarray | None = None
+        self.outcome: Outcome | None = None
+        self.replans: list[Replan] = []
+        self.call_started = 0.0
+        self.connect_deadline = 0.0
+        self.timer_at = float("inf")
+        self.on_end: Callable[[SimWorker], None] | None = None
+        self.aftermath: PartFailed | WorkerLost | None = None
+        self.routes: dict[int, list[tuple[int, int]]] = {}  # peer's home -> its connection's
+
+    # --- the mesh ------------------------------------------------------------------------
+    def wanted(self) -> dict[int, PeerKey]:
+        """Peer's home -> its key, under this worker's membership."""
+        return {self.plan.home_of(s): (dim, s) for dim, s in self.plan.peers()}
+
+    def connect(self) -> None:
+        """Open the mesh (again): every neighbour that is connecting too joins now, the
+        others when they come, within ``start_timeout``."""
+        self.state = State.CONNECTING
+        self.mesh_id = self.world.new_mesh_id()  # unique: a process's connections are new
+        self.calls = 0
+        self.linked.clear()
+        self.inbox.clear()
+        self.closed.clear()
+        self.connect_deadline = self.clock.now + self.start_timeout
+        self.clock.at(self.connect_deadline, self._connect_timeout, self.mesh_id)
+        for home in self.wanted():
+            other = self.world.workers[home]
+            if other.state is State.CONNECTING and self.home in other.wanted() \
+                    and self.home not in other.linked:
+                ends = sorted(((self.home, self.mesh_id), (home, other.mesh_id)))
+                connection = (*ends[0], *ends[1])
+                self.linked[home] = connection
+                other.linked[self.home] = connection
+                self.routes[home] = self._route(home)
+                other.routes[self.home] = other._route(self.home)
+                other._maybe_connected()
+        self._maybe_connected()
+
+    def _maybe_connected(self) -> None:
+        if self.state is State.CONNECTING and set(self.linked) >= set(self.wanted()):
+            self.state = State.CALLING
+            self._start_call()
+
+    def _connect_timeout(self, mesh_id: int) -> None:
+        if self.state is State.CONNECTING and self.mesh_id == mesh_id:
+            missing = sorted(set(self.wanted()) - set(self.linked))
+            self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
+                      f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
+                      "are all the job's workers running?")
+
+    def close_mesh(self) -> None:
+        """Every connection of this worker closes; each neighbour learns it after what was
+        sent on it before."""
+        for home, connection in list(self.linked.items()):
+            self._stream(home, b"", connection, closing=True)
+        self.linked.clear()
+
+    def _route(self, home: int) -> list[tuple[int, int]]:
+        key = self.wanted().get(home)
+        dim = key[0] if key is not None else 0
+        whole = self.plan.whole
+        detour = whole.k > 1 and self.plan.schedule.is_broken(self.plan.server, dim)
+        return self.network.route(self.home, home, dim, detour)
+
+    def _stream(self, home: int, message: bytes, connection: tuple[int, ...],
+                closing: bool = False) -> None:
+        other = self.world.workers[home]
+        self.network.send_stream(self.routes[home], max(len(message), 1),
+                                 lambda: other._arrived(self.home, message, connection, closing))
+
+    def _arrived(self, sender: int, message: bytes, connection: tuple[int, ...],
+                 closing: bool) -> None:
+        if self.state in (State.DEAD, State.FAILED) or self.linked.get(sender) != connection:
+            return  # a connection that was replaced or a process that is gone
+        if closing:
+            del self.linked[sender]
+            self.closed.add(sender)
+        else:
+            self.inbox.setdefault(sender, deque()).append(decode_message(message))
+        self._deliver(sender)
+
+    def _deliver(self, sender: int) -> None:
+        """Give the call this peer's messages of its tag, in order; keep those of the next
+        call; drop late ones of the last (as ``hosts.mesh.Peer.messages``)."""
+        call = self.call
+        if self.state is State.FROZEN or call is None or call.finished:
+            return
+        key = self.wanted().get(sender)
+        if key is None:
+            return
+        inbox = self.inbox.get(sender)
+        now = self.clock.now
+        while inbox:
+            kind, tag, stripe, step, start, count, payload = inbox[0]
+            if tag == (call.tag + 1) & 0xFF:
+                break
+            inbox.popleft()
+            if tag == call.tag:
+                call.on_message(now, key, kind, stripe, step, start, count, payload)
+        if sender in self.closed and not inbox:
+            call.on_closed(now, key)
+        self._pump()
+
+    # --- frames --------------------------------------------------------------------------
+    def on_frame(self, level: int, payload: bytes) -> None:
+        if self.state is State.CALLING and self.call is not None:
+            self.call.on_frame(self.clock.now, level, payload)
+            self._pump()
+
+    # --- calls ---------------------------------------------------------------------------
+    def push(self, flat: np.ndarray) -> None:
+        """Start an allreduce of ``flat`` (the mesh first if it is not up)."""
+        self.flat = flat
+        self.outcome = None
+        self.replans = []
+        self.call_started = self.clock.now
+        failure, self.aftermath = self.aftermath, None
+        if isinstance(failure, PartFailed) and not failure.broken <= self.plan.schedule.broken:
+            try:
+                self.plan = self.plan.replanned(failure)
+            except TransportError:
+                pass
+            self.close_mesh()
+        if self.linked and set(self.linked) >= set(self.wanted()) and not self.closed:
+            self.state = State.CALLING
+            self._start_call()
+        else:
+            self.connect()
+
+    def _start_call(self) -> None:
+        self.calls += 1
+        generation, self.generation = self.generation, None
+        self.call = Call(self.plan, self.nics, self.flat, self.calls, generation,
+                         self.clock.now, self.window, self.timeout, self.start_timeout)
+        self.timer_at = float("inf")
+        for home in list(self.inbox) + [h for h in self.closed if h not in self.inbox]:
+            self._deliver(home)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Send what the call asks, then act on how it ended, or set its timer."""
+        call = self.call
+        if call is None or self.state is not State.CALLING:
+            return
+        frames = call.take_frames()
+        for level, frame in frames:
+            self.network.send_frame(self.home, level, job_udp_port(self.plan.job), frame)
+        if frames:
+            call.on_sent(self.clock.now)
+        for (_dim, server), message in call.take_messages():
+            home = self.plan.home_of(server)
+            connection = self.linked.get(home)
+            if connection is not None:
+                self._stream(home, message, connection)
+        if call.error is not None:
+            self._failed(call)
+        elif call.result is not None:
+            stats = call.stats
+            self.generation = call.generation
+            failure = self.aftermath = call.failed_after_result
+            if failure is not None:
+                message = abort_message(call.tag, str(failure), getattr(failure, "broken", None),
+                                        getattr(failure, "lost", None))
+                for home, connection in self.linked.items():
+                    self._stream(home, message, connection)
+            if self.replans:
+                self.replans[-1].resumed_at = stats.first_result
+            stats.replans = self.replans
+            self.state = State.IDLE
+            self._end(result=call.result, stats=stats)
+        else:
+            wake = call.next_wake()
+            if wake < self.timer_at:
+                self.timer_at = wake
+                self.clock.at(wake, self._timer, call)
+
+    def _timer(self, call: Call) -> None:
+        if call is not self.call or self.state is not State.CALLING:
+            return
+        if self.clock.now < call.next_wake():
+            self.timer_at = call.next_wake()
+            self.clock.at(self.timer_at, self._timer, call)
+            return
+        self.timer_at = float("inf")
+        call.on_timer(self.clock.now)
+        self._pump()
+
+    def _failed(self, call: Call) -> None:
+        """As ``Engine.allreduce``: tell the neighbours, then re-plan, shrink or stop."""
+        error = call.error
+        broken = error.broken if isinstance(error, PartFailed) else None
+        lost = error.lost if isinstance(error, WorkerLost) else None
+        message = abort_message(call.tag, str(error), broken, lost)
+        for home, connection in self.linked.items():
+            self._stream(home, message, connection)
+        try:
+            if isinstance(error, PartFailed):
+                plan = self.plan.replanned(error)
+            elif isinstance(error, WorkerLost):
+                plan = self.plan.shrunk(error)
+            else:
+                raise TransportError(str(error))
+        except TransportError as exc:
+            self._end(error=str(exc))
+            return
+        self.replans.append(Replan(str(error), plan.schedule.describe(), self.clock.now))
+        self.plan = plan
+        self.state = State.CONNECTING
+        self.call = None
+        self.clock.after(CLOSE_DELAY, self._reconnect)
+
+    def _reconnect(self) -> None:
+        if self.state is State.CONNECTING:
+            self.close_mesh()
+            self.connect()
+
+    def _end(self, result: np.ndarray | None = None, error: str | None = None,
+             stats: EngineStats | None = None) -> None:
+        if error is not None:
+            self.state = State.FAILED
+            self.close_mesh()
+            self.call = None
+        self.outcome = Outcome(result, error, self.clock.now, stats, list(self.replans))
+        if self.on_end is not None:
+            self.on_end(self)
+
+    # --- faults --------------------------------------------------------------------------
+    def kill(self) -> None:
+        """The process dies: the kernel closes its connections (the neighbours see a FIN)."""
+        self.close_mesh()
+        self.state = State.DEAD
+        self.call = None
+
+    def freeze(self) -> None:
+        """The process stops running (SIGSTOP): its connections stay open and silent."""
+        if self.state is State.CALLING:
+            self.state = State.FROZEN
+
+
+class WorkerWorld:
+    """What workers need of the world they run in (``simulation.world`` provides it)."""
+
+    clock: Clock
+    network: Network
+    workers: dict[int, SimWorker]
+
+    def new_mesh_id(self) -> int:
+        raise NotImplementedError
+

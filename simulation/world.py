@@ -1,0 +1,362 @@
+"""A whole system in virtual time: switches (soft-target pipelines), links, the control plane's
+part, and one worker per server, with faults drawn from a seed.
+
+``run_seed`` is one trial: a call with the seed's faults at their moments, then, with every
+fault repaired and every failed worker started afresh, a second call on the same job. It
+checks what a user would: no worker returns a wrong sum; every worker that survives ends,
+with its sum or an error that names the fault, before its deadline; where the fault leaves a
+way on (a switch or a NIC of a BCube, the controller, garbled frames) the sums are right;
+the next call works. A failing seed prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bml.protocol import VALUES_PER_PACKET
+from bml.schedule import SCHEDULES, make_schedule
+from bml.topology import Topology
+from control_plane.jobs import plan_scheduled_job
+from hosts.membership import Membership
+from hosts.quantize import block_exponents, error_bound
+from simulation.network import Clock, LinkShape, Network
+from simulation.workers import SimWorker, State, WorkerWorld
+
+JOB = 1
+HEALTH_PERIOD = 0.5  # s: the health monitor's check period (control_plane/health.py)
+FAULT_KINDS = ("switch", "switch-restored", "link", "link-restored", "worker-killed",
+               "worker-frozen", "controller", "garbled")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at: float  # s after the call starts
+    target: str  # a switch name, "h<server>:<level>", "h<server>", or "controller"
+    lasts: float = 0.0  # s until it is repaired (restored kinds), 0: until the call ends
+
+    def __str__(self) -> str:
+        repaired = f" for {self.lasts:.2f} s" if self.lasts else ""
+        return f"{self.kind} {self.target} at {self.at:.3f} s{repaired}"
+
+
+@dataclass
+class Scenario:
+    topo: str = "bcube:2,2"
+    schedule: str = "in-network"
+    floats: int = 4096
+    rate: float = 100e6
+    loss: float = 0.0
+    reorder: float = 0.0
+    timeout: float = 30.0
+    start_timeout: float = 10.0
+    window: int = 64
+    faults: list[Fault] = field(default_factory=list)
+    seed: int = 0
+
+    def command(self) -> str:
+        return (f"bml-sim run --seed {self.seed} --topo {self.topo} --schedule {self.schedule} "
+                f"--floats {self.floats} --rate {self.rate:g} --loss {self.loss:g}")
+
+
+@dataclass
+class Verdict:
+    scenario: Scenario
+    problems: list[str]
+    first_call: dict[int, str]  # server -> "ok" or its error
+    gst: float  # the first call's time to the last worker's end (virtual s)
+    events: int
+    late: bool = False  # a fault that leaves a way on, after the first whole block
+
+    @property
+    def unfinished(self) -> int:
+        """Workers that ended with an error (not killed or frozen)."""
+        return sum(1 for end in self.first_call.values()
+                   if end not in ("ok", "killed", "frozen"))
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class World(WorkerWorld):
+    """Clock, network, pipelines programmed by the control plane's code, and the workers."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.rng = random.Random(scenario.seed)
+        self.clock = Clock()
+        self.topology = Topology.parse(scenario.topo)
+        shape = LinkShape(rate=scenario.rate, loss=scenario.loss, reorder=scenario.reorder)
+        self.network = Network(self.clock, self.topology, shape, self.rng, self._deliver)
+        self.job = plan_scheduled_job(self.topology, JOB, scenario.schedule,
+                                      pool_size=scenario.window)
+        for switch in self.topology.switches:
+            self.network.provision(switch.name)
+        self.network.install_job(self.job)
+        self.controller_alive = True
+        self.unprovisioned: set[str] = set()  # restored switches the monitor has not seen
+        self.schedule = make_schedule(self.topology, scenario.schedule)
+        self.workers: dict[int, SimWorker] = {}
+        self.meshes = 0
+        for server in range(self.topology.num_servers):
+            self.workers[server] = self._new_worker(server)
+
+    def _new_worker(self, server: int) -> SimWorker:
+        s = self.scenario
+        plan = Membership.of(JOB, server, self.topology, self.schedule)
+        return SimWorker(self, plan, s.window, s.timeout, s.start_timeout)
+
+    def new_mesh_id(self) -> int:
+        self.meshes += 1
+        return self.meshes
+
+    def _deliver(self, server: int, level: int, payload: bytes) -> None:
+        self.workers[server].on_frame(level, payload)
+
+    # --- the control plane's part ------------------------------------------------------
+    def _monitor(self, name: str) -> None:
+        """The health monitor finds a restored switch and re-provisions it."""
+        if not self.controller_alive or name not in self.unprovisioned:
+            return
+        if self.network.pipeline(name) is None:
+            return
+        self.unprovisioned.discard(name)
+        self.network.provision(name)
+        for group in self.job.groups:
+            if group.switch == name:
+                self.network.install_group(group)
+
+    # --- faults --------------------------------------------------------------------------
+    def inject(self, fault: Fault) -> None:
+        kind, target = fault.kind, fault.target
+        if kind.startswith("switch"):
+            self.network.kill_switch(target)
+            if fault.lasts:
+                self.clock.after(fault.lasts, self._restore_switch, target)
+        elif kind.startswith("link"):
+            server, level = _nic(target)
+            self.network.set_link(server, level, False)
+            if fault.lasts:
+                self.clock.after(fault.lasts, self.network.set_link, server, level, True)
+        elif kind == "worker-killed":
+            self.workers[int(target[1:])].kill()
+        elif kind == "worker-frozen":
+            self.workers[int(target[1:])].freeze()
+        elif kind == "controller":
+            self.controller_alive = False
+        elif kind == "garbled":
+            server, level = _nic(target)
+            self.network.corrupt_next(server, level, 1 + self.rng.randrange(8))
+
+    def _restore_switch(self, name: str) -> None:
+        self.network.restore_switch(name)
+        self.unprovisioned.add(name)
+        self.clock.after(HEALTH_PERIOD, self._monitor, name)
+
+    def repair(self) -> None:
+        """Everything back: switches, links, controller (which re-provisions what it missed)."""
+        for switch in self.topology.switches:
+            if self.network.pipeline(switch.name) is None:
+                self.network.restore_switch(switch.name)
+                self.unprovisioned.add(switch.name)
+        for server in range(self.topology.num_servers):
+            for level in range(self.topology.k):
+                self.network.set_link(server, level, True)
+        self.controller_alive = True
+        for name in sorted(self.unprovisioned):
+            self._monitor(name)
+
+    # --- calls ---------------------------------------------------------------------------
+    def call(self, grads: list[np.ndarray], faults: list[Fault],
+             deadline: float) -> dict[int, SimWorker]:
+        """Every live worker pushes its gradient; faults at their moments; runs until every
+        worker that can still end has ended, or ``deadline`` (virtual s from now)."""
+        start = self.clock.now
+        for fault in faults:
+            self.clock.at(start + fault.at, self.inject, fault)
+        for server, worker in self.workers.items():
+            if worker.state is not State.DEAD:
+                worker.push(grads[server])
+
+        last_fault = start + max((f.at for f in faults), default=0.0)
+
+        def settled() -> bool:
+            return self.clock.now >= last_fault and all(
+                w.outcome is not None or w.state in (State.DEAD, State.FROZEN)
+                for w in self.workers.values())
+
+        self.clock.run_until(start + deadline, settled)
+        return self.workers
+
+
+def gradients(rng: np.random.Generator, servers: int, floats: int) -> list[np.ndarray]:
+    return [rng.standard_normal(floats).astype(np.float32) * (1 + s) for s in range(servers)]
+
+
+def check_sum(result: np.ndarray | None, grads: list[np.ndarray]) -> str | None:
+    """None if ``result`` is the sum within the quantiser's stated bound, else what is wrong."""
+    exact = np.sum(np.stack(grads).astype(np.float64), axis=0)
+    if result is None or result.shape != exact.shape:
+        return "no result of the right shape"
+    size = exact.size
+    rows = -(-size // VALUES_PER_PACKET)
+
+    def blocks(values: np.ndarray) -> np.ndarray:
+        return np.pad(values, (0, rows * VALUES_PER_PACKET - size)).reshape(rows, -1)
+
+    exponents = np.max([block_exponents(blocks(g)) for g in grads], axis=0)
+    bound = error_bound(exponents, len(grads), blocks(result)).reshape(-1)[:size]
+    wrong = np.abs(result - exact) > bound
+    if wrong.any():
+        first = int(np.flatnonzero(wrong)[0])
+        return (f"{int(wrong.sum())} of {size} values off by more than the bound "
+                f"(first at {first}: {result[first]} against {exact[first]})")
+    return None
+
+
+def draw_faults(rng: random.Random, topology: Topology, duration: float,
+                kinds: tuple[str, ...] = FAULT_KINDS) -> list[Fault]:
+    """One fault of a kind drawn from ``kinds``, at any moment of a call that takes about
+    ``duration``: from its start to past its last packets."""
+    kind = rng.choice(kinds)
+    at = rng.choice((0.0, rng.uniform(0, 1.1) * duration, duration * rng.uniform(0.9, 1.0)))
+    server = rng.randrange(topology.num_servers)
+    level = rng.randrange(topology.k)
+    lasts = rng.uniform(0.2, 3.0) if kind.endswith("restored") else 0.0
+    if kind.startswith("switch"):
+        target = rng.choice(topology.switches).name
+    elif kind.startswith("link") or kind == "garbled":
+        target = f"h{server}:{level}"
+    elif kind.startswith("worker"):
+        target = f"h{server}"
+    else:
+        target = "controller"
+    return [Fault(kind, at, target, lasts)]
+
+
+def expected_to_finish(fault: Fault, topology: Topology) -> bool:
+    """Whether every worker must still return the right sum with ``fault``: a switch or a NIC
+    of a BCube that stays down is re-planned around; the controller's death changes nothing
+    for installed jobs; garbled frames are dropped and re-sent."""
+    if fault.kind in ("controller", "garbled"):
+        return True
+    if fault.kind in ("switch", "link"):
+        return topology.k > 1
+    return False
+
+
+def run_seed(seed: int, topo: str = "bcube:2,2", schedule: str | None = None,
+             floats: int = 4096, rate: float = 100e6, loss: float = 0.0,
+             kinds: tuple[str, ...] = FAULT_KINDS, duration: float | None = None) -> Verdict:
+    """One trial (see the module's docstring), replayable from its arguments."""
+    rng = random.Random(zlib.crc32(f"{seed}:{topo}".encode()))
+    topology = Topology.parse(topo)
+    if schedule is None:
+        schedule = rng.choice(SCHEDULES) if topology.k > 1 else "in-network"
+    if duration is None:
+        duration = fault_free_duration(topo, schedule, floats, rate)
+    faults = draw_faults(rng, topology, duration, kinds)
+    scenario = Scenario(topo, schedule, floats, rate, loss, faults=faults, seed=seed)
+    world = World(scenario)
+    data = np.random.default_rng(seed)
+    grads = gradients(data, topology.num_servers, floats)
+    # The deadline: each worker's own bound (its timeouts; a re-planning starts a new call
+    # with its own), and a margin for the clock to reach it.
+    deadline = 3 * (scenario.timeout + scenario.start_timeout)
+    world.call(grads, faults, deadline)
+    problems = []
+    first = {}
+    must_finish = all(expected_to_finish(f, topology) for f in faults)
+    ends = []
+    for server, worker in world.workers.items():
+        if worker.state is State.DEAD:
+            first[server] = "killed"
+            continue
+        outcome = worker.outcome
+        if worker.state is State.FROZEN:
+            first[server] = "frozen"
+            continue
+        if outcome is None:
+            problems.append(f"server {server} did not end within {deadline:g} s "
+                            f"(state {worker.state.value})")
+            first[server] = "hung"
+            continue
+        ends.append(outcome.ended)
+        if outcome.error is not None:
+            first[server] = outcome.error
+            if must_finish:
+                problems.append(f"server {server} failed although {faults[0]} leaves a way on:"
+                                f" {outcome.error}")
+            continue
+        wrong = check_sum(outcome.result, grads)
+        first[server] = "ok" if wrong is None else wrong
+        if wrong is not None:
+            problems.append(f"server {server} returned a wrong sum: {wrong}")
+    gst = max(ends, default=0.0)
+    # A re-planned call runs again on every worker: once a worker holds a whole block it may
+    # complete unaffected, and a re-run cannot gather everyone. Past that point a fault that
+    # leaves a way on may still end some workers with an error (counted, not a problem).
+    late = bool(must_finish and min(f.at for f in faults) >= first_result_at(
+        topo, schedule, floats, rate))
+    if late:
+        problems = [p for p in problems if "leaves a way on" not in p]
+    # The next run: everything repaired, every worker a fresh process (as `bml-host push`).
+    world.repair()
+    for server, worker in list(world.workers.items()):
+        if worker.state is not State.DEAD:
+            worker.close_mesh()
+            worker.state = State.DEAD
+        world.workers[server] = world._new_worker(server)
+    world.clock.run_until(world.clock.now + 1.0)  # closings reach the neighbours
+    grads = gradients(data, topology.num_servers, floats)
+    world.call(grads, [], deadline)
+    for server, worker in world.workers.items():
+        outcome = worker.outcome
+        if outcome is None:
+            problems.append(f"next call: server {server} did not end (state "
+                            f"{worker.state.value})")
+        elif outcome.error is not None:
+            problems.append(f"next call: server {server} failed: {outcome.error}")
+        else:
+            wrong = check_sum(outcome.result, grads)
+            if wrong is not None:
+                problems.append(f"next call: server {server} returned a wrong sum: {wrong}")
+    return Verdict(scenario, problems, first, gst, world.clock.pending(), late)
+
+
+_FAULT_FREE: dict[tuple, tuple[float, float]] = {}
+
+
+def _fault_free(topo: str, schedule: str, floats: int, rate: float) -> tuple[float, float]:
+    """(the earliest first whole block, the last end) of a fault-free call (virtual s)."""
+    key = (topo, schedule, floats, rate)
+    if key not in _FAULT_FREE:
+        scenario = Scenario(topo, schedule, floats, rate, seed=-1)
+        world = World(scenario)
+        grads = gradients(np.random.default_rng(0), world.topology.num_servers, floats)
+        world.call(grads, [], scenario.timeout)
+        outcomes = [w.outcome for w in world.workers.values() if w.outcome is not None]
+        firsts = [o.stats.first_result for o in outcomes if o.stats is not None]
+        _FAULT_FREE[key] = (min(firsts, default=0.0), max((o.ended for o in outcomes),
+                                                          default=1.0))
+    return _FAULT_FREE[key]
+
+
+def fault_free_duration(topo: str, schedule: str, floats: int, rate: float) -> float:
+    """How long a fault-free call of this kind takes (virtual s), to place faults in it."""
+    return _fault_free(topo, schedule, floats, rate)[1]
+
+
+def first_result_at(topo: str, schedule: str, floats: int, rate: float) -> float:
+    """When the first worker of a fault-free call holds its first whole block."""
+    return _fault_free(topo, schedule, floats, rate)[0]
+
+
+def _nic(target: str) -> tuple[int, int]:
+    server, level = target[1:].split(":")
+    return int(server), int(level)
