@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 bench bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 sim-soak bench bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -42,6 +42,9 @@ bench-faults: setup  # loss goodput, and each fault's detection and recovery (st
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
 	$(PY) -m hosts.train $(ARGS)
+
+sim-soak: setup  # 20,000 seeded fault trials of the real engine and pipeline in virtual time
+	$(PY) -m simulation.cli soak --seeds $${SEEDS:-20000} --topos bcube:2,2,star:4,bcube:3,2,bcube:2,3,bcube:4,2,bcube:3,3
 
 lint: setup
 	$(PY) -m ruff check .

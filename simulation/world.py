@@ -59,6 +59,7 @@ class Scenario:
     seed: int = 0
 
     def command(self) -> str:
+        """The command that replays this trial."""
         return (f"bml-sim run --seed {self.seed} --topo {self.topo} --schedule {self.schedule} "
                 f"--floats {self.floats} --rate {self.rate:g} --loss {self.loss:g}")
 
@@ -256,12 +257,20 @@ def run_seed(seed: int, topo: str = "bcube:2,2", schedule: str | None = None,
     """One trial (see the module's docstring), replayable from its arguments."""
     rng = random.Random(zlib.crc32(f"{seed}:{topo}".encode()))
     topology = Topology.parse(topo)
+    drawn = rng.choice(SCHEDULES)  # drawn always, so that naming it replays the same faults
     if schedule is None:
-        schedule = rng.choice(SCHEDULES) if topology.k > 1 else "in-network"
+        schedule = drawn if topology.k > 1 else "in-network"
     if duration is None:
         duration = fault_free_duration(topo, schedule, floats, rate)
     faults = draw_faults(rng, topology, duration, kinds)
-    scenario = Scenario(topo, schedule, floats, rate, loss, faults=faults, seed=seed)
+    return run_trial(Scenario(topo, schedule, floats, rate, loss, faults=faults, seed=seed))
+
+
+def run_trial(scenario: Scenario) -> Verdict:
+    """A call with the scenario's faults, then the next run (see the module's docstring)."""
+    seed, topo, schedule = scenario.seed, scenario.topo, scenario.schedule
+    floats, rate, faults = scenario.floats, scenario.rate, scenario.faults
+    topology = Topology.parse(topo)
     world = World(scenario)
     data = np.random.default_rng(seed)
     grads = gradients(data, topology.num_servers, floats)

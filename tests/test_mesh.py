@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
-from types import SimpleNamespace
 
-from hosts.engine import _Call
-from hosts.mesh import MESSAGE, Kind, Peer
+import numpy as np
+
+from bml.schedule import HOST_BASED, make_schedule
+from bml.topology import Topology
+from hosts.call import Call, NicState
+from hosts.engine import Engine
+from hosts.membership import Membership
+from hosts.mesh import MESSAGE, Kind, Peer, encode_message
 
 
 def connected_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
@@ -18,31 +24,52 @@ def connected_pair(listener: socket.socket) -> tuple[socket.socket, socket.socke
     return near, far
 
 
+def read_message(sock: socket.socket, deadline: float) -> bytes:
+    data = bytearray()
+    sock.settimeout(0.05)
+    while time.monotonic() < deadline:
+        if len(data) >= MESSAGE.size and len(data) >= MESSAGE.size + MESSAGE.unpack_from(data)[6]:
+            break
+        try:
+            data += sock.recv(1 << 16)
+        except TimeoutError:
+            pass
+    return bytes(data)
+
+
 def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_one():
     """The exponent exchange waits on one level at a time; a message to the level before
-    that is larger than its connection's pacing limit must still go out in full (its tail
-    stayed in the outbox, and the neighbours of that level waited for it until timeout)."""
+    that is larger than its connection's pacing limit must still go out in full while the
+    call waits on the next (its tail stayed in the outbox once, and the neighbours of that
+    level waited for it until their timeout)."""
+    topology = Topology.parse("bcube:2,2")
+    plan = Membership.of(1, 0, topology, make_schedule(topology, HOST_BASED))
+    floats = 64 * 40_000  # 40 KB of exponents: five times the pacing limit
+    call = Call(plan, [NicState(0, "10.0.0.1"), NicState(1, "10.0.1.1")],
+                np.ones(floats, dtype=np.float32), 7, 0, time.monotonic(), 64, 1.0, 1.0)
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        (this_near, this_far), (before_near, before_far) = (connected_pair(listener),
-                                                            connected_pair(listener))
-        this_level = Peer(1, 1, this_near, limit=9000)
-        level_before = Peer(2, 0, before_near, limit=9000)
-        payload = bytes(range(256)) * 160  # 40 KB: five times the limit
-        level_before.send(Kind.EXPONENTS, 7, 0, 0, 0, len(payload), payload)
-        assert level_before.outbox, "the limit should have held part of the message back"
-        call = SimpleNamespace(engine=SimpleNamespace(
-            mesh=SimpleNamespace(all=lambda: [this_level, level_before]), job=1, home=0,
-            timeout=10.0))
-        received = bytearray()
-        before_far.settimeout(0.05)
+        (level0_near, level0_far), (level1_near, level1_far) = (connected_pair(listener),
+                                                                connected_pair(listener))
+        (dim0, peer0), (dim1, peer1) = plan.neighbours(0)[0], plan.neighbours(1)[0]
+        engine = object.__new__(Engine)  # the loop alone: no NIC sockets, this mesh
+        engine.plan, engine.links = plan, []
+        engine.mesh = type("LoopbackMesh", (), {})()
+        engine.mesh.peers = {(dim0, peer0): Peer(peer0, 0, level0_near, limit=9000),
+                             (dim1, peer1): Peer(peer1, 1, level1_near, limit=9000)}
+        # The level-0 neighbour answers at once, so the call moves on to wait on level 1
+        # while its own level-0 message is still held back by the pacing limit.
+        head = json.dumps({"lengths": [floats, floats], "codes": [plan.plan_code],
+                           "generation": 1}).encode()
+        exponents = np.full(floats // 64, 128, dtype=np.uint8).tobytes()
+        level0_far.sendall(encode_message(Kind.EXPONENTS, 7, 0, 0, len(head),
+                                          len(exponents), head + exponents))
+        engine._drive(call)  # ends with the exchange's timeout on level 1
         deadline = time.monotonic() + 10
-        while len(received) < MESSAGE.size + len(payload) and time.monotonic() < deadline:
-            _Call._wait(call, [this_level], deadline, "a test", [1])
-            try:
-                received += before_far.recv(1 << 16)
-            except TimeoutError:
-                pass
-        assert bytes(received[MESSAGE.size:]) == payload
-        assert not level_before.outbox
-        for sock in (this_near, this_far, before_near, before_far):
+        received = read_message(level0_far, deadline)
+        sent_head = MESSAGE.unpack_from(received)
+        assert sent_head[0] == Kind.EXPONENTS and sent_head[6] == len(received) - MESSAGE.size
+        assert call.exchange_dim == 1  # it did wait on level 1
+        assert not engine.mesh.peers[(dim0, peer0)].outbox
+        assert "level 1" in str(call.error)
+        for sock in (level0_near, level0_far, level1_near, level1_far):
             sock.close()
