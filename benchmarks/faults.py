@@ -14,8 +14,9 @@ Two tables, printed and written to results/faults.{md,json}:
    the fault repaired (recovery), that push's GST against the no-fault GST and against the
    cost model's prediction, and whether every sum was right. A star has no other path: a
    failed switch or link fails the push (named) and the job works after the repair.
-3. **Re-planned** on BCubes (bcube:2,2 in-network, bcube:3,2 mixed; ``--bcube-rate``): a
-   level-0 switch killed, a level-1 NIC losing its carrier, mid-push. Every worker re-plans
+3. **Re-planned** on bcube:3,2, in-network and mixed (``--bcube-rate``): a level-0 switch
+   killed before the push starts and once its switches have added 25%, 50% and 90% of the
+   push's contributions, and a level-1 NIC losing its carrier at 25%. Every worker re-plans
    (the failed group's level in the hosts over detours) and finishes: detection (the fault to
    the last worker giving up on the old plan), recovery (to the last worker's first sum of the
    new plan), the degraded attempt's GST against the no-fault push's and against the cost
@@ -47,6 +48,7 @@ from emulation import net
 from emulation.netns import Shaping, rate_bits
 from emulation.workers import (
     Push,
+    aggregated,
     check_sum,
     run_pushes,
     start_pushes,
@@ -157,7 +159,10 @@ def fault_row(state, fault: str, size: int, tmp: Path, baseline: float,
     return row
 
 
-REPLAN_CASES = (("bcube:2,2", IN_NETWORK), ("bcube:3,2", MIXED))
+REPLAN_CASES = (("bcube:3,2", IN_NETWORK), ("bcube:3,2", MIXED))
+# (fault, share of the push's contributions added when it comes; None: before the push)
+REPLAN_FAULTS = (("switch killed", None), ("switch killed", 0.25), ("switch killed", 0.5),
+                 ("switch killed", 0.9), ("NIC down", 0.25))
 REPLAN_NAME = "bfrp"
 
 
@@ -177,7 +182,9 @@ def bcube_push(state, schedule: str, size: int, tmp: Path, seed: int, start: boo
 
 
 def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline: float,
-               rate: str) -> dict:
+               rate: str, moment: float | None, contributions: int) -> dict:
+    """``fault`` once the switches added ``moment`` of a push's ``contributions`` (None:
+    before the push starts)."""
     topo = state.topo()
     if fault == "switch killed":
         switch = topo.switch_at(0, topo.n ** (topo.k - 1) - 1)
@@ -185,18 +192,30 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
     else:
         server = 1
         where, broken = f"h{server}:eth1", (1, topo.switch_index(server, 1))
-    (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
-    wait_for_progress(state, topo.num_servers * size // 64 // 4, running=running)
-    failed = time.monotonic()
-    if fault == "switch killed":
-        net.fail_switch(state, where)
+
+    def inject() -> float:
+        if fault == "switch killed":
+            net.fail_switch(state, where)
+        else:
+            net.fail_link(state, f"h{server}", "eth1", end="switch")
+        return time.monotonic()
+
+    if moment is None:
+        failed = inject()
+        (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
     else:
-        net.fail_link(state, f"h{server}", "eth1", end="switch")
+        (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
+        wait_for_progress(state, int(contributions * moment), running=running)
+        failed = inject()
     results = wait_pushes(running, 200)
     ok = all(r.returncode == 0 and check_sum(np.load(r.output), grads)[2] for r in results)
     replanned = [r for r in results if r.returncode == 0 and "replans=" in r.stdout]
+    wrong = [r for r in results
+             if r.returncode == 0 and not check_sum(np.load(r.output), grads)[2]]
     row = {"topology": topo.spec, "schedule": schedule, "fault": fault, "where": where,
-           "replanned": len(replanned), "workers": len(results), "correct": ok}
+           "moment": "start" if moment is None else f"{moment:.0%}",
+           "replanned": len(replanned), "workers": len(results), "correct": ok,
+           "failed": sum(r.returncode != 0 for r in results), "wrong": len(wrong)}
     if replanned:
         degraded = make_schedule(topo, schedule).degraded({broken})
         predicted = cost_model.predict(degraded, size, rate_bits(rate)).gst
@@ -217,12 +236,13 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
             break
     row |= {"after_repair": gst_after / baseline,
             "after_replans": sum("replans=" in r.stdout for r in results)}
-    print(f"  {topo.spec} {schedule:10s} {fault:13s} {where:8s}: {len(replanned)}/{len(results)} "
-          f"re-planned"
+    print(f"  {topo.spec} {schedule:10s} {fault:13s} {where:8s} at {row['moment']:5s}: "
+          f"{len(replanned)}/{len(results)} re-planned"
           + (f", detection {row['detection']:.1f} s, recovery {row['recovery']:.1f} s, degraded "
              f"GST {row['gst_degraded']:.2f} s ({row['vs_no_fault']:.2f}x no-fault, "
              f"{row['vs_predicted']:.2f}x its prediction)" if replanned else "")
-          + f", {'correct' if ok else 'WRONG'}; after the repair {gst_after:.2f} s", flush=True)
+          + (", correct" if ok else f", {row['failed']} failed, {len(wrong)} wrong")
+          + f"; after the repair {gst_after:.2f} s", flush=True)
     return row
 
 
@@ -234,12 +254,14 @@ def replan_table(rate: str, size: int, tmp: Path) -> list[dict]:
         try:
             Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, schedule)
             bcube_push(state, schedule, size, tmp, 1)  # warm-up (first-run costs)
+            before = aggregated(state)
             baseline, ok, _ = bcube_push(state, schedule, size, tmp, 2)
-            print(f"  {spec} {schedule}: no-fault GST {baseline:.2f} s"
-                  f"{'' if ok else ' (WRONG sums)'}", flush=True)
-            for fault in ("switch killed", "NIC down"):
-                rows.append(replan_row(state, schedule, fault, size, tmp, baseline, rate)
-                            | {"no_fault": baseline})
+            contributions = aggregated(state) - before
+            print(f"  {spec} {schedule}: no-fault GST {baseline:.2f} s, {contributions} "
+                  f"contributions{'' if ok else ' (WRONG sums)'}", flush=True)
+            for fault, moment in REPLAN_FAULTS:
+                rows.append(replan_row(state, schedule, fault, size, tmp, baseline, rate,
+                                       moment, contributions) | {"no_fault": baseline})
         finally:
             net.down(REPLAN_NAME)
     return rows
@@ -247,17 +269,20 @@ def replan_table(rate: str, size: int, tmp: Path) -> list[dict]:
 
 def replan_markdown(rows: list[dict], rate: str, size: int) -> list[str]:
     lines = ["", f"Re-planned (every link {rate}, {size} floats per push, every NIC):", "",
-             "| topology | schedule | fault | where | re-planned | detection s | recovery s "
-             "| degraded GST s | / no-fault | / predicted (degraded plan) | sums | next push "
-             "after repair / no-fault |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "| topology | schedule | fault | where | when | re-planned | detection s | "
+             "recovery s | degraded GST s | / no-fault | / predicted (degraded plan) | sums | "
+             "next push after repair / no-fault |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | "
+             "---: |"]
     for r in rows:
         figures = (f"{r['detection']:.1f} | {r['recovery']:.1f} | {r['gst_degraded']:.2f} | "
                    f"{r['vs_no_fault']:.2f} | {r['vs_predicted']:.2f}" if "detection" in r
                    else "n/a | n/a | n/a | n/a | n/a")
+        sums = ("correct" if r["correct"] else
+                f"{r['wrong']} wrong, {r['failed']} failed with an error")
         lines.append(f"| {r['topology']} | {r['schedule']} | {r['fault']} | {r['where']} | "
-                     f"{r['replanned']}/{r['workers']} | {figures} | "
-                     f"{'correct' if r['correct'] else 'WRONG'} | {r['after_repair']:.2f} |")
+                     f"{r['moment']} | {r['replanned']}/{r['workers']} | {figures} | {sums} | "
+                     f"{r['after_repair']:.2f} |")
     return lines
 
 

@@ -2,6 +2,7 @@
 
     bml-sim run --seed 17 --topo bcube:3,2          one trial, replayable; exit 1 if it fails
     bml-sim soak --seeds 20000                      many trials over several topologies
+    bml-sim loss --floats 500K --rate 20e6          goodput under 0/1/5/10% loss, star:4
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import Counter
 
 from bml.schedule import SCHEDULES
 from control_plane.cli import parse_size
-from simulation.world import FAULT_KINDS, Verdict, run_seed
+from simulation.world import FAULT_KINDS, Verdict, lossy_gst, run_seed
 
 SOAK_TOPOLOGIES = ("bcube:2,2", "star:4", "bcube:3,2", "bcube:2,3", "bcube:4,2", "bcube:3,3")
 
@@ -65,6 +66,23 @@ def soak(seeds: int, start: int, topologies: list[str], floats: int, rate: float
     return 1 if failures else 0
 
 
+def loss_table(topo: str, floats: int, rate: float, reorder: float) -> int:
+    """Each loss rate's GST beside the lossless one's, in virtual time."""
+    print(f"{topo} in-network, {floats} floats, {rate / 1e6:g} Mbit/s links, "
+          f"{reorder:.0%} reordering with loss")
+    print(f"{'loss each way':>14} {'GST s':>8} {'share of lossless':>18} {'re-sends':>9} sums")
+    lossless = 0.0
+    right = True
+    for loss in (0.0, 0.01, 0.05, 0.10):
+        gst, ok, resent = lossy_gst(topo, "in-network", floats, rate, loss,
+                                    reorder if loss else 0.0)
+        lossless = lossless or gst
+        right &= ok
+        print(f"{loss:>14.0%} {gst:>8.3f} {lossless / gst:>18.0%} {resent:>9} "
+              f"{'correct' if ok else 'WRONG'}", flush=True)
+    return 0 if right else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bml-sim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--loss", type=float, default=0.0, help="drop probability each way")
         sub.add_argument("--kinds", default=",".join(FAULT_KINDS),
                          help=f"fault kinds to draw from ({', '.join(FAULT_KINDS)})")
+    loss = commands.add_parser("loss")
+    loss.add_argument("--topo", default="star:4")
+    loss.add_argument("--floats", type=parse_size, default=500_000)
+    loss.add_argument("--rate", type=float, default=20e6)
+    loss.add_argument("--reorder", type=float, default=0.25)
     run = commands.choices["run"]
     run.add_argument("--seed", type=int, required=True)
     run.add_argument("--topo", default="bcube:2,2")
@@ -86,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     soak_parser.add_argument("--topos", default=",".join(SOAK_TOPOLOGIES[:4]),
                              help="topologies to spread the trials over")
     args = parser.parse_args(argv)
+    if args.command == "loss":
+        return loss_table(args.topo, args.floats, args.rate, args.reorder)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown or not kinds:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bml.protocol import VALUES_PER_PACKET
-from bml.schedule import SCHEDULES, make_schedule
+from bml.schedule import DEFAULT_WINDOW, SCHEDULES, make_schedule
 from bml.topology import Topology
 from control_plane.jobs import plan_scheduled_job
 from hosts.membership import Membership
@@ -193,6 +193,23 @@ class World(WorkerWorld):
 
         self.clock.run_until(start + deadline, settled)
         return self.workers
+
+
+def lossy_gst(topo: str, schedule: str, floats: int, rate: float, loss: float,
+              reorder: float = 0.0, seed: int = 0) -> tuple[float, bool, int]:
+    """(GST, every sum right, re-sends) of one fault-free call with ``loss`` each way on
+    every link: the loss table's simulated twin (``benchmarks/faults.py``)."""
+    scenario = Scenario(topo, schedule, floats, rate, loss, reorder, timeout=600.0,
+                        window=DEFAULT_WINDOW, seed=seed)
+    world = World(scenario)
+    grads = gradients(np.random.default_rng(seed), world.topology.num_servers, floats)
+    world.call(grads, [], 900.0)
+    outcomes = [w.outcome for w in world.workers.values()]
+    ok = all(o is not None and o.error is None and check_sum(o.result, grads) is None
+             for o in outcomes)
+    gst = max((o.ended for o in outcomes if o is not None), default=float("nan"))
+    resent = sum(o.stats.retransmissions for o in outcomes if o is not None and o.stats)
+    return gst, ok, resent
 
 
 def gradients(rng: np.random.Generator, servers: int, floats: int) -> list[np.ndarray]:
