@@ -429,6 +429,7 @@ class Call:
         self.result: np.ndarray | None = None
         self.error: TransportError | None = None
         self.failed_after_result: PartFailed | WorkerLost | None = None
+        self.adopted: set[tuple[int, int]] = set()  # broken groups learnt in the exchange
         self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
         self.length = flat.size
         self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
@@ -623,7 +624,8 @@ class Call:
         self.exponents_own = block_exponents(padded).astype(np.uint8)
         self.merged = self.exponents_own
         self.lengths = [self.length, self.length]
-        self.codes = {self.plan.plan_code}
+        self.codes = {self.plan.base_code}
+        self.broken = set(self.schedule.broken)
         self.proposed = (last_generation + 1) % GENERATIONS
         self._send_exponents()
         self._advance_exchange()
@@ -631,6 +633,7 @@ class Call:
     def _send_exponents(self) -> None:
         dim = self.exchange_dim
         head = json.dumps({"lengths": self.lengths, "codes": sorted(self.codes),
+                           "broken": sorted(self.broken),
                            "generation": self.proposed}).encode()
         for key in self.plan.neighbours(dim):
             self.send_message(key, Kind.EXPONENTS, 0, dim, len(head), self.merged.size,
@@ -663,6 +666,8 @@ class Call:
                 self.lengths = [min(self.lengths[0], info["lengths"][0]),
                                 max(self.lengths[1], info["lengths"][1])]
                 self.codes |= set(info["codes"])
+                self.broken |= {(int(level), int(index))
+                                for level, index in info.get("broken", ())}
                 if newer_generation(info["generation"], self.proposed):
                     self.proposed = info["generation"]
                 if their.size == self.merged.size:
@@ -682,6 +687,7 @@ class Call:
             raise TransportError(f"job {self.plan.job}: the workers run different schedules "
                                  f"({', '.join(sorted(self.codes))}); give all of them the same "
                                  "--schedule")
+        self._adopt_broken()
         self.generation = self.proposed
         self.exponents = self.merged.astype(np.int64)
         self.stats.exponent_seconds = self.now - self.started
@@ -697,6 +703,22 @@ class Call:
         for key, message in early:
             self._step_message(key, message)
         self._maybe_done()
+
+    def _adopt_broken(self) -> None:
+        """Groups another worker knows are broken (it found its switch dead, at this call's
+        start or at its mesh's) and this one did not: outside them this worker's own steps
+        are the same either way (``Schedule.steps_of``), so it takes them over and goes on
+        (``adopted``, for its later calls); inside one, it re-plans like every failure."""
+        new = self.broken - set(self.schedule.broken)
+        if not new:
+            return
+        mine = {(level, self.topology.switch_index(self.plan.server, level))
+                for level in range(self.topology.k)}
+        names = ", ".join(self.topology.switch_at(*group).name for group in sorted(new))
+        if new & mine:
+            raise PartFailed(f"{self.who()}: the other workers found switch(es) {names} down",
+                             new)
+        self.adopted = new
 
     # --- phase 3: set-up of the steps ----------------------------------------------------
     def _prepare(self) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bml.protocol import BML_UDP_PORT, PAYLOAD_BYTES, job_udp_port
+from bml.protocol import BML_UDP_PORT, HEADER_BYTES, PAYLOAD_BYTES, PacketType, job_udp_port
 from bml.schedule import (
     DEFAULT_WINDOW,
     Schedule,
@@ -28,11 +28,11 @@ from bml.schedule import (
     stream_budgets,
 )
 from bml.topology import Topology
-from hosts.call import Call, EngineStats, NicState, Replan
+from hosts.call import SWITCH_DEADLINE, Call, EngineStats, NicState, Replan
 from hosts.membership import Membership, PartFailed, WorkerLost
 from hosts.mesh import Mesh, MeshError, Peer, queue_full
 from hosts.sockets import force_buffers
-from hosts.transport import TransportError
+from hosts.transport import TransportError, generation_question
 
 __all__ = ["Engine", "EngineStats", "Replan"]
 
@@ -86,6 +86,7 @@ class Engine:
         # A failure the last call saw after it had its result (a part down, a neighbour
         # gone): re-planned, or the mesh made again, before the next call.
         self.aftermath: PartFailed | WorkerLost | None = None
+        self.connect_replans: list[Replan] = []  # re-planned while the mesh was made
         # The last call's generation if it ended well; None: ask the switches (a fresh worker,
         # or one whose last call failed and may have left state behind).
         self.generation: int | None = None
@@ -132,16 +133,65 @@ class Engine:
         return self.plan.home
 
     def _connect(self) -> Mesh:
-        """The mesh to the neighbours, over detours on the levels the schedule has broken."""
+        """The mesh to the neighbours, over detours on the levels the schedule has broken.
+
+        Neighbours that cannot be reached on a level whose switch does not answer either
+        (it was down before the call started) are reached over that level's detour: the
+        membership is re-planned around the switch, and the connections made stay."""
         plan = self.plan
         self.calls = 0
-        try:
-            return Mesh(plan.job, plan.server, plan.topology, self.start_timeout,
-                        plan.detours(), plan.addresses(),
-                        stream_budgets(plan.schedule, plan.server),
-                        mesh_is_control_only(plan.schedule, plan.server))
-        except MeshError as exc:
-            raise TransportError(str(exc)) from None
+        mesh = Mesh(plan.job, plan.server, plan.topology, self.start_timeout, plan.detours(),
+                    plan.addresses(), stream_budgets(plan.schedule, plan.server),
+                    mesh_is_control_only(plan.schedule, plan.server), connect=False)
+        while True:
+            try:
+                mesh.establish(self.start_timeout)
+                return mesh
+            except MeshError as exc:
+                levels = {dim for dim, _server in mesh.missing()}
+                silent = self._silent_switches(levels & set(plan.live_levels()))
+                if not silent:
+                    mesh.close(linger=0.0)
+                    raise TransportError(str(exc)) from None
+                names = ", ".join(plan.topology.switch_at(*group).name
+                                  for group in sorted(silent))
+                cause = (f"job {plan.job} server {plan.home}: switch(es) {names} did not "
+                         "answer while the mesh was made: down or cut off")
+                try:
+                    plan = self.plan = plan.replanned(PartFailed(cause, silent))
+                except TransportError:
+                    mesh.close(linger=0.0)
+                    raise
+                self.connect_replans.append(Replan(cause, plan.schedule.describe(),
+                                                   time.monotonic()))
+                mesh.detours = plan.detours()
+
+    def _silent_switches(self, levels: set[int]) -> set[tuple[int, int]]:
+        """The groups of those of this worker's switches that answer no GENERATION question
+        within ``SWITCH_DEADLINE`` (asked four times)."""
+        plan = self.plan
+        me = plan.topology.digits(plan.server)
+        waiting = set(levels)
+        buffer = bytearray(PAYLOAD_BYTES + 64)
+        deadline = time.monotonic() + SWITCH_DEADLINE
+        next_ask = 0.0
+        while waiting and time.monotonic() < deadline:
+            if time.monotonic() >= next_ask:
+                for level in waiting:
+                    self.links[level].send(generation_question(plan.probe_job(), me[level]))
+                next_ask = time.monotonic() + SWITCH_DEADLINE / 4
+            select.select([self.links[level].sock for level in waiting], [], [], 0.05)
+            for level in list(waiting):
+                link = self.links[level]
+                link.drain()
+                while True:
+                    try:
+                        size = link.sock.recv_into(buffer)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    if size >= HEADER_BYTES and buffer[0] == PacketType.GENERATION:
+                        waiting.discard(level)
+        return {(level, plan.topology.switch_index(plan.server, level)) for level in waiting}
 
     def close(self) -> None:
         for link in self.links:
@@ -161,8 +211,8 @@ class Engine:
         the engine keeps for its later calls."""
         flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
         started = time.monotonic()
-        replans: list[Replan] = []
         self._recover()
+        replans, self.connect_replans = self.connect_replans, []
         while True:
             self.calls += 1
             generation, self.generation = self.generation, None
@@ -196,6 +246,8 @@ class Engine:
                 raise TransportError(str(error)) from None
         stats = call.stats
         self.generation = call.generation
+        if call.adopted:
+            self.plan = self.plan.adopting(call.adopted)
         if call.failed_after_result is not None:
             failure = self.aftermath = call.failed_after_result
             self.mesh.abort(call.tag, str(failure), getattr(failure, "broken", None),

@@ -73,11 +73,18 @@ class Membership:
         return self.members[server]
 
     @property
-    def plan_code(self) -> str:
-        """What every worker of a call must agree on: the schedule and who takes part."""
+    def base_code(self) -> str:
+        """``plan_code`` without the broken groups, which the workers merge instead."""
+        code = replace(self.schedule, broken=frozenset()).code
         if len(self.members) == self.whole.num_servers:
-            return self.schedule.code
-        return f"{self.schedule.code}:servers={','.join(map(str, self.members))}"
+            return code
+        return f"{code}:servers={','.join(map(str, self.members))}"
+
+    def adopting(self, broken: set[Group]) -> Membership:
+        """This membership with groups others found broken that this worker is not in (its
+        own steps and connections stay as they are)."""
+        return replace(self, schedule=replace(self.schedule,
+                                              broken=self.schedule.broken | frozenset(broken)))
 
     def neighbours(self, dim: int) -> list[PeerKey]:
         return [(dim, s) for s in self.topology.neighbours(self.server, dim)]

@@ -170,7 +170,8 @@ class Mesh:
     def __init__(self, job: int, server: int, topology: Topology, start_timeout: float,
                  detours: dict[int, int] | None = None,
                  addresses: list[tuple[str, ...]] | None = None,
-                 budgets: list[int] | None = None, control_only: bool = False) -> None:
+                 budgets: list[int] | None = None, control_only: bool = False,
+                 connect: bool = True) -> None:
         """``detours``: level -> the level whose NICs reach this server's neighbours on it
         (their switch failed: the routes through relay servers, ``Topology.detour_routes``,
         carry the connection). ``addresses``: per server of ``topology``, its NICs'
@@ -178,7 +179,9 @@ class Mesh:
         ``budgets``: per level, the bytes its connections keep unacknowledged in all (default
         hosts.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames).
         ``control_only``: the mesh carries only the calls' control messages (a short TCP
-        timeout, ``CONTROL_RTO_MIN_US``)."""
+        timeout, ``CONTROL_RTO_MIN_US``). ``connect``: establish the connections now; else the
+        caller calls ``establish``, and may call it again for the ones still ``missing``
+        (after changing ``detours``)."""
         self.job, self.server, self.topology = job, server, topology
         self.control_only = control_only
         self.detours = dict(detours or {})
@@ -186,7 +189,8 @@ class Mesh:
         self.addresses = addresses or [tuple(nic.ip for nic in topology.nics(s))
                                        for s in range(topology.num_servers)]
         self.peers: dict[tuple[int, int], Peer] = {}  # (dim, server) -> peer
-        self._connect(start_timeout)
+        if connect:
+            self.establish(start_timeout)
 
     def neighbours(self, dim: int) -> list[Peer]:
         return [self.peers[(dim, s)] for s in self.topology.neighbours(self.server, dim)]
@@ -245,7 +249,14 @@ class Mesh:
             peer.sock.close()
         self.peers.clear()
 
-    def _connect(self, timeout: float) -> None:
+    def missing(self) -> list[tuple[int, int]]:
+        """(dim, server) of the neighbours not connected yet."""
+        topo, me = self.topology, self.server
+        return sorted({(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
+                      - set(self.peers))
+
+    def establish(self, timeout: float) -> None:
+        """Connect to every neighbour not connected yet, within ``timeout`` (MeshError)."""
         topo, me = self.topology, self.server
         port = mesh_tcp_port(self.job)
         listeners = []

@@ -427,6 +427,18 @@ class Network:
         connection.unacked += size
         self._pump(connection)
 
+    def path_up(self, hops: list[tuple[int, int]]) -> bool:
+        """Whether a connection along ``hops`` can be made now: every link up, every switch
+        on it alive and forwarding to the next NIC (what a TCP handshake finds out)."""
+        k = self.topology.k
+        for server, level in hops:
+            link = self._links[server * k + level]
+            pipeline = link.node.pipeline
+            if not link.is_up or pipeline is None or \
+                    pipeline.tables.l2_forward.get(link.mac) != link.port:
+                return False
+        return True
+
     def unacked(self, hops: list[tuple[int, int]]) -> int:
         """Bytes handed to the connection along ``hops`` and not yet acknowledged (SIOCOUTQ)."""
         connection = self._connections.get(tuple(hops))

@@ -85,21 +85,25 @@ class SimWorker:
         """Peer's home -> its key, under this worker's membership."""
         return {self.plan.home_of(s): (dim, s) for dim, s in self.plan.peers()}
 
-    def connect(self) -> None:
-        """Open the mesh (again): every neighbour that is connecting too joins now, the
-        others when they come, within ``start_timeout``."""
+    def connect(self, keep: bool = False) -> None:
+        """Open the mesh (again): every neighbour that is connecting too, and that a working
+        path reaches, joins now, the others when they come, within ``start_timeout``.
+        ``keep``: the connections made stay (the mesh goes on after a re-planning)."""
         self.state = State.CONNECTING
-        self.mesh_id = self.world.new_mesh_id()  # unique: a process's connections are new
-        self.calls = 0
-        self.linked.clear()
-        self.inbox.clear()
-        self.closed.clear()
+        if not keep:
+            self.mesh_id = self.world.new_mesh_id()  # unique: a process's connections are new
+            self.calls = 0
+            self.linked.clear()
+            self.inbox.clear()
+            self.closed.clear()
         self.connect_deadline = self.clock.now + self.start_timeout
-        self.clock.at(self.connect_deadline, self._connect_timeout, self.mesh_id)
+        self.clock.at(self.connect_deadline, self._connect_timeout, self.connect_deadline)
         for home in self.wanted():
             other = self.world.workers[home]
             if other.state is State.CONNECTING and self.home in other.wanted() \
-                    and self.home not in other.linked:
+                    and self.home not in other.linked and home not in self.linked \
+                    and other._route(self.home) == self._route(home)[::-1] \
+                    and self.network.path_up(self._route(home)):
                 ends = sorted(((self.home, self.mesh_id), (home, other.mesh_id)))
                 connection = (*ends[0], *ends[1])
                 self.linked[home] = connection
@@ -114,12 +118,30 @@ class SimWorker:
             self.state = State.CALLING
             self._start_call()
 
-    def _connect_timeout(self, mesh_id: int) -> None:
-        if self.state is State.CONNECTING and self.mesh_id == mesh_id:
-            missing = sorted(set(self.wanted()) - set(self.linked))
-            self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
-                      f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
-                      "are all the job's workers running?")
+    def _connect_timeout(self, deadline: float) -> None:
+        """As ``Engine._connect``: neighbours missing on a level whose switch does not answer
+        either are reached over its detour (re-planned); else the push fails."""
+        if self.state is not State.CONNECTING or self.connect_deadline != deadline:
+            return
+        missing = sorted(set(self.wanted()) - set(self.linked))
+        levels = {self.wanted()[home][0] for home in missing} & set(self.plan.live_levels())
+        silent = {(level, self.plan.topology.switch_index(self.plan.server, level))
+                  for level in levels
+                  if not self.network.path_up([(self.home, level)])}
+        if silent:
+            cause = (f"job {self.plan.job} server {self.home}: a switch did not answer while "
+                     "the mesh was made: down or cut off")
+            try:
+                self.plan = self.plan.replanned(PartFailed(cause, silent))
+            except TransportError as exc:
+                self._end(error=str(exc))
+                return
+            self.replans.append(Replan(cause, self.plan.schedule.describe(), self.clock.now))
+            self.connect(keep=True)
+            return
+        self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
+                  f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
+                  "are all the job's workers running?")
 
     def close_mesh(self) -> None:
         """Every connection of this worker closes; each neighbour learns it after what was
@@ -230,6 +252,8 @@ class SimWorker:
         elif call.result is not None:
             stats = call.stats
             self.generation = call.generation
+            if call.adopted:
+                self.plan = self.plan.adopting(call.adopted)
             failure = self.aftermath = call.failed_after_result
             if failure is not None:
                 message = abort_message(call.tag, str(failure), getattr(failure, "broken", None),

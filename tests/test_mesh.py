@@ -58,7 +58,7 @@ def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_o
                              (dim1, peer1): Peer(peer1, 1, level1_near, limit=9000)}
         # The level-0 neighbour answers at once, so the call moves on to wait on level 1
         # while its own level-0 message is still held back by the pacing limit.
-        head = json.dumps({"lengths": [floats, floats], "codes": [plan.plan_code],
+        head = json.dumps({"lengths": [floats, floats], "codes": [plan.base_code],
                            "generation": 1}).encode()
         exponents = np.full(floats // 64, 128, dtype=np.uint8).tobytes()
         level0_far.sendall(encode_message(Kind.EXPONENTS, 7, 0, 0, len(head),
