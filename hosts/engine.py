@@ -42,13 +42,19 @@ POLL_CAP = 0.01  # s: the loop wakes at least this often (paced mesh connections
 
 @dataclass
 class NicSocket:
-    """One NIC's UDP socket to its switch, and the frames the kernel could not take yet."""
+    """One NIC's UDP socket to its switch, and the frames the kernel could not take yet.
+
+    A frame the kernel refuses for another reason than a full queue (the NIC is down) is
+    dropped and counted: the switch watch then finds the switch silent and the call is
+    re-planned around it, as for any frame lost on the way."""
 
     level: int
     ip: str
     switch_ip: str
     sock: socket.socket
     outbox: deque = field(default_factory=deque)
+    refused: int = 0
+    last_refusal: str = ""
 
     def send(self, frame: bytes) -> None:
         if not self.outbox:
@@ -57,7 +63,8 @@ class NicSocket:
                 return
             except OSError as exc:
                 if not queue_full(exc):
-                    raise TransportError(f"sending on level {self.level}: {exc}") from None
+                    self._refused(exc)
+                    return
         self.outbox.append(frame)
 
     def drain(self) -> None:
@@ -67,8 +74,12 @@ class NicSocket:
             except OSError as exc:
                 if queue_full(exc):
                     return
-                raise TransportError(f"sending on level {self.level}: {exc}") from None
+                self._refused(exc)
             self.outbox.popleft()
+
+    def _refused(self, exc: OSError) -> None:
+        self.refused += 1
+        self.last_refusal = f"sending on level {self.level}: {exc}"
 
 
 class Engine:
@@ -231,7 +242,12 @@ class Engine:
                 gave_up_at = time.monotonic()
                 if replans:
                     replans[-1].resumed_at = call.stats.first_result or gave_up_at
-                self._change(self.plan.replanned(error))
+                try:
+                    self._change(self.plan.replanned(error))
+                except TransportError as exc:
+                    raise TransportError(
+                        f"{error}; re-planning around it failed: {exc} (a neighbour that "
+                        "already had the whole sum may have ended its call)") from None
                 replans.append(Replan(str(error), self.schedule.describe(), gave_up_at))
             elif isinstance(error, WorkerLost):
                 self.mesh.abort(call.tag, str(error), lost=error.lost)
