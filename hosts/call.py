@@ -522,16 +522,18 @@ class Call:
 
     def _guard(self, method: Callable, *args) -> None:
         """Run an input; a failure ends the call with it (the driver reads ``error``). A
-        failed part or a neighbour that left, once this worker holds every block's sum, only
-        keeps DONEs from coming: the sum is right and is the result, and the failure
-        (``failed_after_result``) is for the driver to act on before the next call (a
-        neighbour that still lacked blocks re-plans and fails without this worker, with an
-        error that names the fault; re-running here would fail everywhere instead, since
-        neighbours that completed are gone)."""
+        failed part or a neighbour that left, once this worker holds every block's sum and
+        misses DONEs only from neighbours cut off by it, only keeps those DONEs from coming:
+        the sum is right and is the result, and the failure (``failed_after_result``) is for
+        the driver to act on before the next call. A neighbour still owing a DONE over a
+        working level may lack blocks and need this worker in the re-run, so then it re-runs
+        (a neighbour that had already completed cannot, and the re-run then fails naming
+        the fault)."""
         try:
             method(*args)
         except (PartFailed, WorkerLost) as exc:
-            if self.phase is Phase.STEPS and self.finals == self.blocks:
+            if self.phase is Phase.STEPS and self.finals == self.blocks \
+                    and self._only_cut_off_dones(exc):
                 self.failed_after_result = exc
                 self._complete()
             else:
@@ -540,6 +542,22 @@ class Call:
         except TransportError as exc:
             self.phase = Phase.FAILED
             self.error = exc
+
+    def _only_cut_off_dones(self, failure: PartFailed | WorkerLost) -> bool:
+        """Whether every neighbour this worker still waits a DONE from is cut off by
+        ``failure``: it left, or its connection runs through a failed group's switch."""
+        plan = self.plan
+        lost = getattr(failure, "lost", set())
+        broken = getattr(failure, "broken", set())
+        mine = {(level, self.topology.switch_index(plan.server, level))
+                for level in range(self.topology.k)}
+        for key in plan.peers():
+            if key in self.done_from or self.home_of(key) in lost:
+                continue
+            if (key[0], self.topology.switch_index(plan.server, key[0])) in broken & mine:
+                continue
+            return False
+        return True
 
     # --- helpers -------------------------------------------------------------------------
     def who(self) -> str:
@@ -597,9 +615,9 @@ class Call:
     def _generation_timed_out(self) -> None:
         """Switches that never answered: if others of this worker's did, those are down or cut
         off (re-planned around); if none did, the job is most likely not set up."""
-        silent = sorted({level for level, _job in self.asking} - self.answered_levels)
+        silent = sorted({level for level, _job in self.asking})
         level, job = min(self.asking)
-        if silent and self.answered_levels and self.topology.k > 1:
+        if self.answered_levels and self.topology.k > 1:  # a switch answered: jobs are set up
             broken = {(lvl, self.topology.switch_index(self.plan.server, lvl)) for lvl in silent}
             raise PartFailed(
                 f"{self.who()}: switch(es) "
@@ -1021,12 +1039,13 @@ class Call:
         stalls the broadcasts and the neighbours' messages that come through it."""
         for level in self.plan.live_levels():
             nic = self.nics[level]
-            # On a slow, saturated link a question and its answer wait in full queues: the
-            # bounds grow with the answer times this NIC sees.
-            rto = nic.rto.value
-            if now - nic.last_heard < max(SWITCH_SILENCE, 4 * rto):
+            # On a slow, saturated link or switch a question and its answer wait in full
+            # queues: the bounds grow with the answer times this NIC sees, not capped as
+            # the re-send timeout is (BMv2's default build answers in seconds under load).
+            answer = max(nic.rto.value, nic.rto.base)
+            if now - nic.last_heard < max(SWITCH_SILENCE, 4 * answer):
                 continue
-            deadline = max(SWITCH_DEADLINE, 3 * rto)
+            deadline = max(SWITCH_DEADLINE, 3 * answer)
             if not nic.asked:
                 nic.asked, nic.questions = now, 0
             elif now - nic.asked > deadline:

@@ -179,18 +179,23 @@ class Engine:
 
     def _silent_switches(self, levels: set[int]) -> set[tuple[int, int]]:
         """The groups of those of this worker's switches that answer no GENERATION question
-        within ``SWITCH_DEADLINE`` (asked four times)."""
+        within max(``SWITCH_DEADLINE``, 3 answer timeouts), asked four times."""
         plan = self.plan
         me = plan.topology.digits(plan.server)
         waiting = set(levels)
         buffer = bytearray(PAYLOAD_BYTES + 64)
-        deadline = time.monotonic() + SWITCH_DEADLINE
+        # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
+        # late, not never.
+        wait = max([SWITCH_DEADLINE, *(3 * max(self.nic_states[level].rto.value,
+                                               self.nic_states[level].rto.base)
+                                       for level in levels)])
+        deadline = time.monotonic() + wait
         next_ask = 0.0
         while waiting and time.monotonic() < deadline:
             if time.monotonic() >= next_ask:
                 for level in waiting:
                     self.links[level].send(generation_question(plan.probe_job(), me[level]))
-                next_ask = time.monotonic() + SWITCH_DEADLINE / 4
+                next_ask = time.monotonic() + wait / 4
             select.select([self.links[level].sock for level in waiting], [], [], 0.05)
             for level in list(waiting):
                 link = self.links[level]

@@ -184,7 +184,7 @@ class World(WorkerWorld):
             if worker.state is not State.DEAD:
                 worker.push(grads[server])
 
-        last_fault = start + max((f.at for f in faults), default=0.0)
+        last_fault = start + max((f.at + f.lasts for f in faults), default=0.0)
 
         def settled() -> bool:
             return self.clock.now >= last_fault and all(
