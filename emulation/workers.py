@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bml.protocol import VALUES_PER_PACKET
 from control_plane.fabric import Fabric
 from control_plane.p4info import REPO_ROOT
 from control_plane.status import read_counters
-from hosts.quantize import block_exponents, error_bound
 
 
 @dataclass(frozen=True)
@@ -95,20 +93,6 @@ def wait_pushes(processes: list[tuple[Path, subprocess.Popen]],
             stderr += f"\n(killed: still running after {timeout:g} s)"
         results.append(PushResult(process.returncode, stdout, stderr, output))
     return results
-
-
-def check_sum(result: np.ndarray, grads: list[np.ndarray]) -> tuple[float, float, bool]:
-    """(max error, largest allowed error, every element within its bound) of one result
-    against the float64 sum of ``grads``, with the bound ``hosts.quantize`` states."""
-    n = len(grads)
-    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    padded = -(-exact.size // VALUES_PER_PACKET) * VALUES_PER_PACKET
-    blocks = [np.pad(g, (0, padded - g.size)).reshape(-1, VALUES_PER_PACKET) for g in grads]
-    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
-    res = np.pad(result.astype(np.float64), (0, padded - result.size))
-    bound = error_bound(e_max, n, res.reshape(-1, VALUES_PER_PACKET)).reshape(-1)[:exact.size]
-    error = np.abs(result.astype(np.float64) - exact)
-    return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
 
 
 def aggregated(state) -> int:

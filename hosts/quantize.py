@@ -25,7 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from bml.protocol import EXPONENT_BIAS, EXPONENT_NONE, MAX_EXPONENT, MIN_EXPONENT
+from bml.protocol import (
+    EXPONENT_BIAS,
+    EXPONENT_NONE,
+    MAX_EXPONENT,
+    MIN_EXPONENT,
+    VALUES_PER_PACKET,
+)
 
 
 class GradientError(ValueError):
@@ -114,3 +120,17 @@ def error_bound(biased_exponents: np.ndarray, num_workers: int,
     quantisation = num_workers * np.ldexp(1.0, (-s - 1).astype(np.int64))
     quantisation = np.where(np.asarray(biased_exponents) == EXPONENT_NONE, 0.0, quantisation)
     return quantisation[:, None] + 2.0 ** -24 * np.abs(result.astype(np.float64))
+
+
+def check_sum(result: np.ndarray, grads: list[np.ndarray]) -> tuple[float, float, bool]:
+    """(max error, largest allowed error, every element within its bound) of one result
+    against the float64 sum of ``grads``, with the bound ``hosts.quantize`` states."""
+    n = len(grads)
+    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+    padded = -(-exact.size // VALUES_PER_PACKET) * VALUES_PER_PACKET
+    blocks = [np.pad(g, (0, padded - g.size)).reshape(-1, VALUES_PER_PACKET) for g in grads]
+    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
+    res = np.pad(result.astype(np.float64), (0, padded - result.size))
+    bound = error_bound(e_max, n, res.reshape(-1, VALUES_PER_PACKET)).reshape(-1)[:exact.size]
+    error = np.abs(result.astype(np.float64) - exact)
+    return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
