@@ -28,7 +28,7 @@ from bml import cost_model
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits
-from emulation.workers import check_sum
+from hosts.quantize import check_sum
 
 RESULTS = Path("results")
 

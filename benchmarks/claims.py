@@ -38,7 +38,7 @@ from bml.topology import Topology
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits
-from emulation.workers import check_sum
+from hosts.quantize import check_sum
 
 RESULTS = Path("results")
 SCHEMES = (PS, PS_DEDICATED, RING, SINGLE_SWITCH, HOST_BASED, IN_NETWORK, MIXED)

@@ -49,12 +49,12 @@ from emulation.netns import Shaping, rate_bits
 from emulation.workers import (
     Push,
     aggregated,
-    check_sum,
     run_pushes,
     start_pushes,
     wait_for_progress,
     wait_pushes,
 )
+from hosts.quantize import check_sum
 
 RESULTS = Path("results")
 NAME = "bfault"

@@ -22,7 +22,8 @@ from bml.schedule import AUTO, SCHEDULES, make_schedule
 from control_plane.fabric import Fabric
 from emulation.net import NetError, down, up
 from emulation.netns import Shaping
-from emulation.workers import Push, PushResult, check_sum, run_pushes
+from emulation.workers import Push, PushResult, run_pushes
+from hosts.quantize import check_sum
 
 
 def nic_table(runs: list[PushResult], prediction: cost_model.Prediction,

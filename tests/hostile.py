@@ -843,7 +843,7 @@ def push(state, grads: list[np.ndarray], workdir: Path, extra: list[str], timeou
 
 def judge(results, grads: list[np.ndarray], reference: list[np.ndarray] | None) -> list[str]:
     """What is wrong with one push on every server (empty: every sum right)."""
-    from emulation.workers import check_sum
+    from hosts.quantize import check_sum
 
     problems = []
     for server, result in enumerate(results):

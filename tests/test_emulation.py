@@ -21,7 +21,8 @@ from emulation.netns import (
     Shaping,
     kernel_has_netem,
 )
-from emulation.workers import Push, check_sum, run_pushes
+from emulation.workers import Push, run_pushes
+from hosts.quantize import check_sum
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,

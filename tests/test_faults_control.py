@@ -29,7 +29,8 @@ from control_plane.session import SwitchError, SwitchSession
 from control_plane.status import read_events
 from emulation import net
 from emulation.net import State
-from emulation.workers import Push, PushResult, check_sum, run_pushes
+from emulation.workers import Push, PushResult, run_pushes
+from hosts.quantize import check_sum
 from soft_target.p4runtime_server import serve
 from tests.conftest import NETNS_REASON, emulation, in_process_servicer
 

@@ -19,12 +19,12 @@ from emulation.netns import Shaping
 from emulation.workers import (
     Push,
     PushResult,
-    check_sum,
     run_pushes,
     start_pushes,
     wait_for_progress,
     wait_pushes,
 )
+from hosts.quantize import check_sum
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,

@@ -14,7 +14,8 @@ import pytest
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping
-from emulation.workers import Push, PushResult, check_sum, run_pushes
+from emulation.workers import Push, PushResult, run_pushes
+from hosts.quantize import check_sum
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,

@@ -18,7 +18,7 @@ import pytest
 from bml.schedule import IN_NETWORK
 from control_plane.fabric import Fabric
 from control_plane.p4info import REPO_ROOT
-from emulation.workers import check_sum
+from hosts.quantize import check_sum
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,
