@@ -167,6 +167,11 @@ class NicState:
     def answered(self) -> None:
         self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
 
+    def answer_time(self) -> float:
+        """What an answer takes on this NIC now, not capped as the re-send timeout is: the
+        liveness bounds grow with it (BMv2's default build answers in seconds under load)."""
+        return max(self.rto.value, self.rto.base)
+
     def refund(self) -> None:
         """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
         slot, and the slot is not re-sent again soon, so it is not charged."""
@@ -633,14 +638,12 @@ class Call:
     # --- phase 2: the exponent exchange --------------------------------------------------
     def _start_exchange(self, last_generation: int) -> None:
         self.phase = Phase.EXPONENTS
-        self.exchange_started = self.now
         self.deadline = self.now + self.timeout
         self.next_scan = self.now + 0.05
         padded = np.zeros((self.blocks, VALUES_PER_PACKET), dtype=np.float32)
         padded.reshape(-1)[:self.length] = self.flat
         self.padded = padded
-        self.exponents_own = block_exponents(padded).astype(np.uint8)
-        self.merged = self.exponents_own
+        self.merged = block_exponents(padded).astype(np.uint8)
         self.lengths = [self.length, self.length]
         self.codes = {self.plan.base_code}
         self.broken = set(self.schedule.broken)
@@ -1040,9 +1043,8 @@ class Call:
         for level in self.plan.live_levels():
             nic = self.nics[level]
             # On a slow, saturated link or switch a question and its answer wait in full
-            # queues: the bounds grow with the answer times this NIC sees, not capped as
-            # the re-send timeout is (BMv2's default build answers in seconds under load).
-            answer = max(nic.rto.value, nic.rto.base)
+            # queues: the bounds grow with the answer times this NIC sees.
+            answer = nic.answer_time()
             if now - nic.last_heard < max(SWITCH_SILENCE, 4 * answer):
                 continue
             deadline = max(SWITCH_DEADLINE, 3 * answer)

@@ -54,7 +54,6 @@ class NicSocket:
     sock: socket.socket
     outbox: deque = field(default_factory=deque)
     refused: int = 0
-    last_refusal: str = ""
 
     def send(self, frame: bytes) -> None:
         if not self.outbox:
@@ -77,9 +76,8 @@ class NicSocket:
                 self._refused(exc)
             self.outbox.popleft()
 
-    def _refused(self, exc: OSError) -> None:
+    def _refused(self, _exc: OSError) -> None:
         self.refused += 1
-        self.last_refusal = f"sending on level {self.level}: {exc}"
 
 
 class Engine:
@@ -186,9 +184,8 @@ class Engine:
         buffer = bytearray(PAYLOAD_BYTES + 64)
         # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
         # late, not never.
-        wait = max([SWITCH_DEADLINE, *(3 * max(self.nic_states[level].rto.value,
-                                               self.nic_states[level].rto.base)
-                                       for level in levels)])
+        wait = max([SWITCH_DEADLINE,
+                    *(3 * self.nic_states[level].answer_time() for level in levels)])
         deadline = time.monotonic() + wait
         next_ask = 0.0
         while waiting and time.monotonic() < deadline:
@@ -286,12 +283,7 @@ class Engine:
         make the mesh again if a neighbour's connection closed (it left, or was restarted:
         a new process starts its mesh, and its calls' tags, afresh)."""
         failure, self.aftermath = self.aftermath, None
-        plan = self.plan
-        if isinstance(failure, PartFailed) and not failure.broken <= plan.schedule.broken:
-            try:
-                plan = plan.replanned(failure)
-            except TransportError:
-                pass  # no way around it: the call will say so
+        plan = self.plan.after(failure)
         if plan != self.plan or any(peer.closed for peer in self.mesh.all()):
             self._change(plan)
 

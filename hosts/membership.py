@@ -125,6 +125,17 @@ class Membership:
             raise TransportError(f"{failure}; no re-planning around it: {exc}") from None
         return replace(self, schedule=schedule)
 
+    def after(self, failure: PartFailed | WorkerLost | None) -> Membership:
+        """The membership for the next call after a call that had its sum but saw
+        ``failure``: re-planned around a part it did not know; else as it is (a part that
+        cannot be planned around is the next call's to name)."""
+        if not isinstance(failure, PartFailed) or failure.broken <= self.schedule.broken:
+            return self
+        try:
+            return self.replanned(failure)
+        except TransportError:
+            return self
+
     def shrunk(self, loss: WorkerLost) -> Membership:
         """Go on with the survivors: a star of them, host-based (the switch's job still counts
         the whole membership, and only the control plane could change that)."""

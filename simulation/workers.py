@@ -210,11 +210,9 @@ class SimWorker:
         self.replans = []
         self.call_started = self.clock.now
         failure, self.aftermath = self.aftermath, None
-        if isinstance(failure, PartFailed) and not failure.broken <= self.plan.schedule.broken:
-            try:
-                self.plan = self.plan.replanned(failure)
-            except TransportError:
-                pass
+        plan = self.plan.after(failure)
+        if plan != self.plan:
+            self.plan = plan
             self.close_mesh()
         if self.linked and set(self.linked) >= set(self.wanted()) and not self.closed:
             self.state = State.CALLING
