@@ -99,6 +99,9 @@ OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in th
 MID_CALL_STALL = 4
 SWITCH_SILENCE = 2.0  # s without a frame from a switch: ask whether it is alive
 SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
+# ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
+# default build) may take seconds to work through the first window of every member.
+FIRST_ANSWER_DEADLINE = 10.0
 GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 
@@ -1044,10 +1047,13 @@ class Call:
             nic = self.nics[level]
             # On a slow, saturated link or switch a question and its answer wait in full
             # queues: the bounds grow with the answer times this NIC sees.
-            answer = nic.answer_time()
-            if now - nic.last_heard < max(SWITCH_SILENCE, 4 * answer):
+            if nic.rto.samples:
+                answer = nic.answer_time()
+                silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
+            else:  # no answer time known yet: the call's first burst may still be queued
+                answer, silence, deadline = 0.0, SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
+            if now - nic.last_heard < silence:
                 continue
-            deadline = max(SWITCH_DEADLINE, 3 * answer)
             if not nic.asked:
                 nic.asked, nic.questions = now, 0
             elif now - nic.asked > deadline:

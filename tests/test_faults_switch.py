@@ -96,8 +96,10 @@ def test_nic_down_mid_push_is_named_and_the_job_works_after_restore(star4, tmp_p
 
 def replanned(results, cause: str, switch: str, servers: str) -> None:
     """Every push finished, re-planned once, naming the cause and the failed group."""
+    everything = "\n".join(f"server {i}: rc {r.returncode}\n{r.stdout}{r.stderr}"
+                            for i, r in enumerate(results))
     for result in results:
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 0, everything
         assert result.figure("replans") == "1", result.stdout
         assert cause in result.stdout, result.stdout
         assert (f"switch {switch} failed: servers {servers} run level" in result.stdout), \
