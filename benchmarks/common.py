@@ -64,7 +64,7 @@ class Run:
         return sum(r.get("retransmissions", 0) for r in self.reports)
 
     def resent(self) -> dict[str, int]:
-        """The BML workers' re-sends by why the slot was overdue (hosts.engine.EngineStats)."""
+        """The BML workers' re-sends by why the slot was overdue (hosts.stats.CallStats)."""
         totals: dict[str, int] = {}
         for report in self.reports:
             for why, count in report.get("resent", {}).items():

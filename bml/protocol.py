@@ -2,7 +2,7 @@
 
 An aggregation packet is Ethernet / IPv4 / UDP (destination port ``BML_UDP_PORT``) / ``BML``
 (16 bytes) / two blocks of 32 signed 32-bit lanes (``ValuesLo`` then ``ValuesHi``). The Scapy
-layers describe it for tests and inspection; ``HEADER_STRUCT`` and ``pack_packet`` /
+layers describe it for tests and inspection; ``HEADER_STRUCT`` and ``pack_header`` /
 ``unpack_header`` are the same layout for the hot paths, which never touch Scapy.
 The P4 program (``p4src/include/headers.p4`` and ``defines.p4``) must agree with every constant
 here; ``tests/test_protocol.py`` checks that it does.
@@ -40,6 +40,9 @@ MIN_EXPONENT = 1 - EXPONENT_BIAS  # -126
 MAX_EXPONENT = 255 - EXPONENT_BIAS  # 128 (every finite float32 has |x| < 2**128)
 GENERATIONS = 1 << 16  # the generation field wraps here
 GENERATION_HALF = 1 << 15  # up to this far ahead (mod GENERATIONS) a generation is newer
+PRIMING_OFFSET = 0xFFFFFFFF  # offset field of priming and flush uses (they carry no block)
+# Lanes of the one-NIC path's slot 0 priming: the length, and hashes of it (length_lanes).
+_LENGTH_PRIMES = (1, 40503, 65537, 2654435761 % (1 << 20), 97, 7919, 104729, 15485863)
 
 
 def newer_generation(a: int, b: int) -> bool:
@@ -190,6 +193,19 @@ def unpack_header(payload: bytes | memoryview) -> tuple[int, ...]:
     """(type, version, job_id, worker_id, owner_id, slot, exponent, count, generation,
     offset)."""
     return HEADER_STRUCT.unpack_from(payload, 0)
+
+
+def generation_question(job: int, worker: int) -> bytes:
+    """A GENERATION question (a full-size frame, as admission requires) of ``worker``."""
+    return pack_header(PacketType.GENERATION, job, worker, 0, count=0) + bytes(VALUES_BYTES)
+
+
+def length_lanes(length: int) -> list[int]:
+    """Lane 0: the length; lanes 1-7: hashes of it, each < 2**20 so N of them sum safely.
+
+    If the sums over the N workers equal N times a worker's own lanes, that worker's length
+    is almost surely everyone's (one exact check, seven pseudo-random ones)."""
+    return [length] + [(length * p) % (1 << 20) for p in _LENGTH_PRIMES[1:]]
 
 
 def job_udp_port(job_id: int) -> int:

@@ -25,9 +25,11 @@ from bml.schedule import (
 )
 from bml.topology import Topology
 from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
-from hosts.engine import Engine, EngineStats
+from hosts.engine import Engine
+from hosts.errors import TransportError
 from hosts.quantize import GradientError, check_gradient
-from hosts.transport import AggregationTransport, Stats, TransportError
+from hosts.stats import CallStats
+from hosts.transport import AggregationTransport
 
 __all__ = ["GradientError", "TransportError", "Worker", "allreduce", "interface_addresses",
            "resolve_schedule"]
@@ -163,7 +165,7 @@ class Worker:
             self.engine = Engine(job, server, topology, self.schedule,
                                  [(nic.ip, nic.switch_ip) for nic in nics], window, timeout,
                                  start_timeout, elastic)
-        self.last_stats: Stats | EngineStats = Stats()
+        self.last_stats = CallStats()
         self.last_nic_bytes: list[tuple[int, int]] = []
 
     @property

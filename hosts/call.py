@@ -43,11 +43,9 @@ from __future__ import annotations
 
 import bisect
 import enum
-import heapq
 import json
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -57,8 +55,10 @@ from bml.protocol import (
     HEADER_BYTES,
     HEADER_STRUCT,
     PAYLOAD_BYTES,
+    PRIMING_OFFSET,
     VALUES_PER_PACKET,
     PacketType,
+    generation_question,
     newer_generation,
 )
 from bml.schedule import (
@@ -74,114 +74,21 @@ from bml.schedule import (
     split,
     stripe_job_id,
 )
+from hosts.errors import LengthMismatch, TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Kind, abort_reason, encode_message
 from hosts.quantize import block_exponents, dequantize, shift
-from hosts.transport import PRIMING_OFFSET, LengthMismatch, Rto, TransportError, generation_question
+from hosts.recovery import NicState, SlotWindow, resend_overdue, switch_down
+from hosts.stats import CallStats
 
 _BE = np.dtype(">i4")
 _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
-RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
-RETX_BUDGET_CAP = 64.0
-# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
-# others) is not re-sent again before this many timeouts (doubling with every further
-# PENDING): only if the final answer is lost on its way does the switch need to hear from
-# this worker again.
-PENDING_FALLBACK = 2
-OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
-# Timeouts without any answer before a channel that still has uses to send presumes its
-# frames in flight lost. Mid-call a loss shows as a later frame answered first (RACK's rule);
-# a channel all of whose answers pause is mostly waiting behind its NIC's down link, busy
-# with the neighbours' broadcasts and streams. At a channel's end no later frame can give
-# that evidence, and one timeout is the rule.
-MID_CALL_STALL = 4
-SWITCH_SILENCE = 2.0  # s without a frame from a switch: ask whether it is alive
-SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
-# ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
-# default build) may take seconds to work through the first window of every member.
-FIRST_ANSWER_DEADLINE = 10.0
 GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 
-@dataclass
-class Replan:
-    """One re-planning inside a call: what failed, and how long the call took to go on."""
-
-    cause: str
-    schedule: list[str]  # the degraded schedule's description
-    gave_up_at: float  # when this worker gave up on the failed plan
-    resumed_at: float = 0.0  # ... and when the new plan gave it its first whole block
-
-    @property
-    def recovery_seconds(self) -> float:
-        return self.resumed_at - self.gave_up_at
-
-
-@dataclass
-class EngineStats:
-    seconds: float = 0.0
-    frames_sent: int = 0
-    retransmissions: int = 0
-    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
-    # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
-    # answer at all for a timeout (stalled), a PENDING slot's fallback.
-    resent: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending"), 0))
-    broadcasts: int = 0
-    repairs_asked: int = 0
-    stream_bytes: int = 0
-    exponent_seconds: float = 0.0
-    first_result: float = 0.0  # time of the first whole block
-    last_result: float = 0.0  # ... and of the last: the rest of the call is the ending
-    replans: list[Replan] = field(default_factory=list)
-    attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)
-
-
-@dataclass
-class NicState:
-    """One NIC's state a worker keeps across calls: its answer-time estimate and its re-send
-    budget.
-
-    A slot's answer waits for every member of its group, so a late answer often means a slow
-    neighbour or a full queue, not a loss; re-sending then only lengthens the queues, and on a
-    loaded machine every re-send makes the next one likelier. So re-sends are clocked by
-    answers (like TCP's ACK clock): each answered slot earns ``RETX_PER_ANSWER`` re-sends, and
-    with the budget spent only the longest-waiting slot is re-sent, once per RTO. The switch
-    tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
-    that re-send is refunded (the slot then waits for the others, re-sent only by its
-    fallback timer), so the budget pays for lost frames and lost answers, not for the
-    co-workers' losses or lag. At the end of a call (every channel on the NIC has sent all
-    its uses) the link has room and re-sends need no budget (each slot's back-off still bounds
-    them); without that, the last slots trickle out one per RTO. Backing off is per slot
-    (``SwitchChannel.overdue``), never per NIC: with a window of slots in flight, one NIC-wide
-    doubling per lost frame would reach the cap within a few losses."""
-
-    level: int
-    switch_ip: str
-    rto: Rto = field(default_factory=lambda: Rto(floor=0.02, cap=1.0))
-    budget: float = RETX_BUDGET_CAP
-    last_forced: float = 0.0
-    last_heard: float = 0.0  # when a frame from the switch last arrived
-    asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
-    questions: int = 0  # how often since
-
-    def answered(self) -> None:
-        self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
-
-    def answer_time(self) -> float:
-        """What an answer takes on this NIC now, not capped as the re-send timeout is: the
-        liveness bounds grow with it (BMv2's default build answers in seconds under load)."""
-        return max(self.rto.value, self.rto.base)
-
-    def refund(self) -> None:
-        """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
-        slot, and the slot is not re-sent again soon, so it is not charged."""
-        self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
-
-
-class SwitchChannel:
+class SwitchChannel(SlotWindow):
     """One stripe's step in one switch: a window of the stripe's switch-job slots.
 
     Every member sends the same blocks in the same order (block i of ``blocks`` always uses
@@ -190,97 +97,51 @@ class SwitchChannel:
     (reduce-scatter: the switch sends it to the owner, an ACK to the others); None means all
     get it (allreduce). ``in_order``: every member has every block ready from the start (a
     stripe's first step), so all send in the same order; only then does the channel use more
-    of its ``window`` slots than its ``in_flight`` frames (``bml.schedule.channel_slots``)."""
+    of its ``window`` slots than its ``in_flight`` frames (``bml.schedule.channel_slots``),
+    and only then is a later frame answered first evidence of a loss (a later step's blocks
+    become ready in a different order on each member, as the step before delivers them).
+    When a slot is re-sent is ``SlotWindow``'s (``hosts/recovery.py``)."""
 
     def __init__(self, call: Call, nic: NicState, stripe: int, blocks: list[int],
                  owners: list[int] | None, window: int, in_flight: int,
                  in_order: bool = True) -> None:
-        self.call, self.nic, self.stripe = call, nic, stripe
+        self.call, self.stripe = call, stripe
         self.level = nic.level
         self.job = stripe_job_id(call.plan.job, stripe)
         self.me = call.me[nic.level]
         self.blocks = blocks
         self.owners = owners
         self.count = len(blocks)
-        self.window = channel_window(self.count, channel_slots(window, in_flight, in_order))
+        width = channel_window(self.count, channel_slots(window, in_flight, in_order))
+        uses = [-(-(self.count - s) // width) for s in range(width)]
+        level = nic.level
+        super().__init__(nic, width, [u + (u & 1) for u in uses] if self.count else [0] * width,
+                         in_flight, call.now, lambda frame: call.send_frame(level, frame),
+                         call.stats, in_order=in_order)
         self.seq_of = {b: i for i, b in enumerate(blocks)}
         self.ready_flags = bytearray(self.count)
-        self.next_use = [0] * self.window
-        uses = [-(-(self.count - s) // self.window) for s in range(self.window)]
-        self.total_uses = [u + (u & 1) for u in uses] if self.count else [0] * self.window
-        self.frames: list[bytes | None] = [None] * self.window
-        self.first_sent = [0.0] * self.window
-        self.last_sent = [0.0] * self.window
-        self.retries = [0] * self.window
-        self.pending = bytearray(self.window)  # PENDING answers to the use in flight
-        self.open_slots = sum(1 for u in self.total_uses if u)
         self.name = f"stripe {stripe} on level {nic.level}"
-        # Frames presumed in the link's queue: sent after the latest frame answered (the
-        # queue is FIFO: anything sent before that one has passed it, or was lost; for a
-        # re-sent slot, which of its sends was answered is not known: the last). At most
-        # ``in_flight``; uses beyond wait in ``held``, lowest sequence number first, so that
-        # every member sends the blocks in the same order whatever order its answers came in
-        # (a member sending ahead of the others waits for them in the switch, not the link).
-        self.in_flight = in_flight
-        self.sends: deque[float] = deque()  # send times of the frames in the queue
-        self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
-        self.answered_sent = 0.0  # the latest send time of a frame answered so far
-        # Whether every member sends in the same order, so that a frame of this worker's
-        # sent later and answered sooner says the earlier one is lost: true where every block
-        # is ready at the start (a stripe's first step); a later step's blocks become ready
-        # in a different order on each member (as the step before delivers them), and an
-        # answer then only says that everyone had that block ready.
-        self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
-        self.last_answer = call.now
-
-    @property
-    def done(self) -> bool:
-        return self.open_slots == 0
 
     def ready(self, block: int) -> None:
         seq = self.seq_of[block]
         self.ready_flags[seq] = 1
         slot = seq % self.window
         if self.frames[slot] is None and self.next_use[slot] * self.window + slot == seq:
-            self._launch(slot, self.call.now)
+            self.launch(slot, self.call.now)
 
-    def _launch(self, slot: int, now: float) -> None:
-        heapq.heappush(self.held, (slot + self.next_use[slot] * self.window, slot))
-        self.release(now)
-
-    def release(self, now: float) -> None:
-        """Send held uses, lowest sequence number first, while the queue has room."""
-        held, sends = self.held, self.sends
-        while held and len(sends) < self.in_flight:
-            self._send_use(heapq.heappop(held)[1], now)
-
-    def _passed(self, sent: float) -> None:
-        """A frame sent at ``sent`` was answered: frames sent up to then left the queue."""
-        sends = self.sends
-        while sends and sends[0] <= sent:
-            sends.popleft()
-
-    def _send_use(self, slot: int, now: float) -> None:
+    def frame_of(self, slot: int, seq: int) -> bytes:
         use = self.next_use[slot]
-        seq = slot + use * self.window
         call = self.call
         if seq < self.count:
             block = self.blocks[seq]
             owner = self.owners[seq] if self.owners is not None else 0
-            frame = HEADER_STRUCT.pack(
+            return HEADER_STRUCT.pack(
                 PacketType.DATA, use & 1, self.job, self.me, owner, slot,
                 int(call.exponents[block]), call.valid_count(block), call.generation,
                 block * VALUES_PER_PACKET) + call.acc[block].astype(_BE).tobytes()
-        else:  # flush: every slot ends on an even number of uses
-            frame = HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
-                                       EXPONENT_NONE, 0, call.generation,
-                                       PRIMING_OFFSET) + _ZEROS
-        self.frames[slot] = frame
-        self.first_sent[slot] = self.last_sent[slot] = now
-        self.retries[slot] = 0
-        self.pending[slot] = 0
-        self.sends.append(now)
-        call.send_frame(self.level, frame)
+        # flush: every slot ends on an even number of uses
+        return HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
+                                  EXPONENT_NONE, 0, call.generation, PRIMING_OFFSET) + _ZEROS
 
     def _expects(self, version: int, slot: int, offset: int, generation: int) -> int | None:
         """The sequence number of the use an answer with these fields is for, if it is the
@@ -294,109 +155,30 @@ class SwitchChannel:
         expected = self.blocks[seq] * VALUES_PER_PACKET if seq < self.count else PRIMING_OFFSET
         return seq if offset == expected else None
 
-    def on_pending(self, now: float, version: int, slot: int, offset: int,
-                   generation: int) -> None:
-        """The switch has this worker's contribution to the slot's use in flight, and waits
-        for others: no more re-sends of it until the fallback (``overdue``)."""
-        if self._expects(version, slot, offset, generation) is None:
-            return
-        self._passed(self.last_sent[slot])
-        self.last_sent[slot] = self.last_answer = now  # the fallback runs from the answer
-        self.release(now)
-        if not self.pending[slot]:
-            self.nic.refund()  # the first one only: later ones are the fallback's
-            self.call.stats.pending += 1
-        self.pending[slot] = min(self.pending[slot] + 1, 3)  # the fallback doubles twice
+    def on_pending_frame(self, now: float, version: int, slot: int, offset: int,
+                         generation: int) -> None:
+        if self._expects(version, slot, offset, generation) is not None:
+            self.on_pending(now, slot)
 
     def on_result(self, now: float, ptype: int, version: int, slot: int, offset: int,
                   generation: int, data: bytes | bytearray | memoryview) -> None:
         seq = self._expects(version, slot, offset, generation)
         if seq is None:
             return
-        use = self.next_use[slot]
         block = self.blocks[seq] if seq < self.count else -1
         mine = self.owners is None or (block >= 0 and self.owners[seq] == self.me)
         if block >= 0 and mine and (ptype == PacketType.ACK or len(data) < PAYLOAD_BYTES):
             return  # the owner needs the values
-        if self.retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
-            self.nic.rto.sample(now - self.first_sent[slot])
-            self.answered_sent = max(self.answered_sent, self.first_sent[slot])
-        self._passed(self.last_sent[slot])
-        self.last_answer = now
-        self.frames[slot] = None
-        self.next_use[slot] = use + 1
-        self.nic.answered()
+        self.answered(now, slot)
         if block >= 0 and mine:
             values = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
                                    offset=HEADER_BYTES)
             self.call.reduced(self.stripe, self.level, block, values)
-        if self.next_use[slot] >= self.total_uses[slot]:
-            self.open_slots -= 1
-        else:
+        if not self.finished(slot):
             following = slot + self.next_use[slot] * self.window
             if following >= self.count or self.ready_flags[following]:
-                self._launch(slot, now)
+                self.launch(slot, now)
         self.release(now)
-
-    def overdue(self, now: float, draining: bool) -> list[tuple[float, SwitchChannel, int, str]]:
-        """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
-        one timeout after the last send if a frame sent after it has been answered since
-        (RACK's rule). Otherwise, while answers keep coming, its answer is only waiting its
-        turn (in a queue, or for a co-worker) and it is not re-sent; once nothing has been
-        answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop; while
-        the channel still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
-        doubling per retry from the second (per-slot back-off). A slot answered
-        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
-        PENDINGs (twice at most). ``draining``: ``self.draining()``, which the caller has."""
-        rto = self.nic.rto
-        base, cap = rto.value, rto.cap
-        pending, retries, last_sent = self.pending, self.retries, self.last_sent
-        answered_sent = self.answered_sent
-        silence = base if draining else base * MID_CALL_STALL
-        stalled = now - self.last_answer > silence
-        overdue = []
-        for slot, frame in enumerate(self.frames):
-            if frame is None:
-                continue
-            sent = last_sent[slot]
-            if pending[slot]:
-                # Doubling twice at most: a slot whose answer is lost must not wait long.
-                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
-                why = "pending"
-            elif sent < answered_sent:
-                # Lost, all but surely (a frame sent after it has come back): no back-off,
-                # which at 10% loss left the unlucky slots of a call's end waiting seconds.
-                wait = min(cap, base) * self.evidence_wait
-                why = "ordered"
-            elif stalled:
-                # Doubling twice at most: nothing is answered (a call's tail, a co-worker's
-                # lost frame, a dead switch, which the switch watch finds).
-                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 2)))
-                why = "stalled"
-            else:
-                continue
-            if now - sent > wait:
-                overdue.append((sent, self, slot, why))
-        return overdue
-
-    def resend(self, slot: int, now: float, why: str) -> None:
-        self.sends.append(now)
-        self.last_sent[slot] = now
-        self.retries[slot] += 1
-        stats = self.call.stats
-        stats.retransmissions += 1
-        stats.resent[why] += 1
-        self.call.send_frame(self.level, self.frames[slot])
-
-    def waiting(self) -> int:
-        return sum(1 for frame in self.frames if frame is not None)
-
-    def draining(self) -> bool:
-        """Every use of every slot is sent (and the last ones wait for answers) or answered:
-        the channel's end, nothing new will go out."""
-        frames, total = self.frames, self.total_uses
-        return all(use >= total[slot] or (use + 1 == total[slot] and frames[slot] is not None)
-                   for slot, use in enumerate(self.next_use))
 
 
 class Phase(enum.Enum):
@@ -441,7 +223,7 @@ class Call:
         self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
         self.length = flat.size
         self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
-        self.stats = EngineStats()
+        self.stats = CallStats()
         self.layout = Layout(self.schedule, self.blocks)
         server = plan.server
         self.me = self.topology.digits(server)
@@ -917,7 +699,7 @@ class Call:
         (ptype, version, job, _worker, _owner, slot, _exp, _count, generation, offset) = \
             HEADER_STRUCT.unpack_from(data)
         nic = self.nics[level]
-        nic.last_heard, nic.asked = self.now, 0.0
+        nic.heard(self.now)
         p, rest = divmod(job - self.plan.job, STRIPE_JOB_STRIDE)
         if rest or not 0 <= p < self.topology.k:
             return
@@ -949,7 +731,7 @@ class Call:
         elif ptype == PacketType.PENDING:
             channel = self.channels.get((p, level))
             if channel is not None:
-                channel.on_pending(self.now, version, slot, offset, generation)
+                channel.on_pending_frame(self.now, version, slot, offset, generation)
         self._maybe_done()
 
     def _on_message(self, key: PeerKey, message: tuple) -> None:
@@ -1014,62 +796,29 @@ class Call:
     def _resend(self, now: float) -> None:
         """Re-send overdue slots, longest-waiting first, within each NIC's budget."""
         for nic in self.nics:
-            channels = [c for (_p, level), c in self.channels.items() if level == nic.level]
-            draining = [channel.draining() for channel in channels]
-            overdue = sorted((entry for channel, end in zip(channels, draining, strict=True)
-                              for entry in channel.overdue(now, end)),
-                             key=lambda entry: entry[0])
-            if not overdue:
-                continue
-            # The end of the call on this NIC (its channels have sent everything): the link
-            # has room, and each slot's own back-off bounds its re-sends, so no budget is
-            # needed. (Not mid-call: there late slots often wait for lagging co-workers.)
-            ending = all(draining)
-            rto = nic.rto.value
-            for _sent, channel, slot, why in overdue:
-                if not ending:
-                    if nic.budget >= 1:
-                        nic.budget -= 1
-                    elif now - nic.last_forced > rto:
-                        nic.last_forced = now
-                    else:
-                        break
-                channel.resend(slot, now, why)
+            resend_overdue(nic, [c for (_p, level), c in self.channels.items()
+                                 if level == nic.level], now)
 
     def _watch_switches(self, now: float) -> None:
-        """A switch of this worker's that has sent nothing for ``SWITCH_SILENCE`` while the
-        call goes on is asked whether it is alive (a GENERATION question, which it answers
-        whatever the other workers do); no answer within ``SWITCH_DEADLINE`` more: it is down
-        or cut off, and the call fails at once (``PartFailed``) instead of waiting out its
-        timeout. Every switch is watched, not only those owing answers: a dead switch also
-        stalls the broadcasts and the neighbours' messages that come through it."""
+        """Every switch of this worker's is watched (``hosts.recovery.switch_down``), not only
+        those owing answers: a dead switch also stalls the broadcasts and the neighbours'
+        messages that come through it. One that stopped answering fails the call at once
+        (``PartFailed``, naming its group) instead of waiting out the call's timeout."""
         for level in self.plan.live_levels():
             nic = self.nics[level]
-            # On a slow, saturated link or switch a question and its answer wait in full
-            # queues: the bounds grow with the answer times this NIC sees.
-            if nic.rto.samples:
-                answer = nic.answer_time()
-                silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
-            else:  # no answer time known yet: the call's first burst may still be queued
-                answer, silence, deadline = 0.0, SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
-            if now - nic.last_heard < silence:
+            ask = partial(self.send_frame, level,
+                          generation_question(self.plan.probe_job(), self.me[level]))
+            if not switch_down(nic, now, ask):
                 continue
-            if not nic.asked:
-                nic.asked, nic.questions = now, 0
-            elif now - nic.asked > deadline:
-                owed = [f"{c.name}: {c.waiting()} slot(s) waiting"
-                        for (_p, lvl), c in self.channels.items() if lvl == level and c.waiting()]
-                raise PartFailed(
-                    f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "
-                    f"{level}) stopped answering: nothing from it for "
-                    f"{now - nic.last_heard:.1f} s, not even to a question whether it is "
-                    f"alive, during {self.phase.value}"
-                    + (f" ({'; '.join(owed)})" if owed else "") + ": it is down or cut off",
-                    {(level, self.topology.switch_index(self.plan.server, level))})
-            if now - nic.asked >= nic.questions * deadline / 4:  # four questions
-                nic.questions += 1
-                self.send_frame(level, generation_question(self.plan.probe_job(),
-                                                           self.me[level]))
+            owed = [f"{c.name}: {c.waiting()} slot(s) waiting"
+                    for (_p, lvl), c in self.channels.items() if lvl == level and c.waiting()]
+            raise PartFailed(
+                f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "
+                f"{level}) stopped answering: nothing from it for "
+                f"{now - nic.last_heard:.1f} s, not even to a question whether it is "
+                f"alive, during {self.phase.value}"
+                + (f" ({'; '.join(owed)})" if owed else "") + ": it is down or cut off",
+                {(level, self.topology.switch_index(self.plan.server, level))})
 
     def _grace(self) -> float:
         """How long after a neighbour's SENT a broadcast copy of its that has not come is

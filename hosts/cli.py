@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bml.protocol import ONE_NIC_WINDOW, VALUES_PER_PACKET
+from bml.protocol import ONE_NIC_WINDOW
 from bml.schedule import AUTO, DEFAULT_WINDOW, IN_FLIGHT, SCHEDULES
 from hosts.api import GradientError, TransportError, Worker
-from hosts.engine import EngineStats
 from hosts.quantize import check_gradient
 
 
@@ -91,22 +90,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bml-host: error: {exc}", file=sys.stderr)
         return 2
     goodput = 8 * 4 * gradient.size / max(stats.seconds, 1e-9) / 1e6
-    if isinstance(stats, EngineStats):
-        counts = (f"frames={stats.frames_sent} repairs={stats.repairs_asked} resent="
-                  + ",".join(f"{why}:{count}" for why, count in stats.resent.items()))
-        for replan in stats.replans:
-            print(f"bml-host: re-planned after: {replan.cause}\n"
-                  f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
-                  "old plan to the first sum of the new one; the new plan:\n  "
-                  + "\n  ".join(replan.schedule))
-        if survivors is not None:
-            counts += f" summed_over={','.join(map(str, survivors))}"
-        if stats.replans:  # times on CLOCK_MONOTONIC, which every namespace shares
-            counts += (f" replans={len(stats.replans)} degraded_seconds="
-                       f"{stats.attempt_seconds:.3f} gave_up_at={stats.replans[0].gave_up_at:.3f}"
-                       f" resumed_at={stats.replans[-1].resumed_at:.3f}")
-    else:
-        counts = f"packets={stats.packets_sent} values/packet={VALUES_PER_PACKET}"
+    counts = (f"frames={stats.frames_sent} repairs={stats.repairs_asked} resent="
+              + ",".join(f"{why}:{count}" for why, count in stats.resent.items()))
+    for replan in stats.replans:
+        print(f"bml-host: re-planned after: {replan.cause}\n"
+              f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
+              "old plan to the first sum of the new one; the new plan:\n  "
+              + "\n  ".join(replan.schedule))
+    if survivors is not None:
+        counts += f" summed_over={','.join(map(str, survivors))}"
+    if stats.replans:  # times on CLOCK_MONOTONIC, which every namespace shares
+        counts += (f" replans={len(stats.replans)} degraded_seconds="
+                   f"{stats.attempt_seconds:.3f} gave_up_at={stats.replans[0].gave_up_at:.3f}"
+                   f" resumed_at={stats.replans[-1].resumed_at:.3f}")
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "
           f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s {counts} "
           f"retransmissions={stats.retransmissions} pending={stats.pending} "

@@ -12,15 +12,12 @@ elastic job), reconnecting the mesh over detours when that changes.
 from __future__ import annotations
 
 import select
-import socket
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from bml.protocol import BML_UDP_PORT, HEADER_BYTES, PAYLOAD_BYTES, PacketType, job_udp_port
+from bml.protocol import HEADER_BYTES, PAYLOAD_BYTES, PacketType, generation_question
 from bml.schedule import (
     DEFAULT_WINDOW,
     Schedule,
@@ -28,57 +25,15 @@ from bml.schedule import (
     stream_budgets,
 )
 from bml.topology import Topology
-from hosts.call import SWITCH_DEADLINE, Call, EngineStats, NicState, Replan
+from hosts.call import Call
+from hosts.errors import TransportError
+from hosts.loop import NicSocket, drive
 from hosts.membership import Membership, PartFailed, WorkerLost
-from hosts.mesh import Mesh, MeshError, Peer, queue_full
-from hosts.sockets import force_buffers
-from hosts.transport import TransportError, generation_question
+from hosts.mesh import Mesh, MeshError
+from hosts.recovery import SWITCH_DEADLINE, NicState
+from hosts.stats import CallStats, Replan
 
-__all__ = ["Engine", "EngineStats", "Replan"]
-
-RECV_BATCH = 4096  # datagrams read from one NIC before the loop looks at the others
-POLL_CAP = 0.01  # s: the loop wakes at least this often (paced mesh connections)
-
-
-@dataclass
-class NicSocket:
-    """One NIC's UDP socket to its switch, and the frames the kernel could not take yet.
-
-    A frame the kernel refuses for another reason than a full queue (the NIC is down) is
-    dropped and counted: the switch watch then finds the switch silent and the call is
-    re-planned around it, as for any frame lost on the way."""
-
-    level: int
-    ip: str
-    switch_ip: str
-    sock: socket.socket
-    outbox: deque = field(default_factory=deque)
-    refused: int = 0
-
-    def send(self, frame: bytes) -> None:
-        if not self.outbox:
-            try:
-                self.sock.sendto(frame, (self.switch_ip, BML_UDP_PORT))
-                return
-            except OSError as exc:
-                if not queue_full(exc):
-                    self._refused(exc)
-                    return
-        self.outbox.append(frame)
-
-    def drain(self) -> None:
-        while self.outbox:
-            try:
-                self.sock.sendto(self.outbox[0], (self.switch_ip, BML_UDP_PORT))
-            except OSError as exc:
-                if queue_full(exc):
-                    return
-                self._refused(exc)
-            self.outbox.popleft()
-
-    def _refused(self, _exc: OSError) -> None:
-        self.refused += 1
-
+__all__ = ["CallStats", "Engine", "Replan"]
 
 class Engine:
     """A worker of one job on every NIC of its server; keep it for many calls."""
@@ -104,17 +59,7 @@ class Engine:
         self.links: list[NicSocket] = []
         try:
             for level, (ip, switch_ip) in enumerate(nics):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                force_buffers(sock)
-                try:
-                    sock.bind((ip, job_udp_port(job)))
-                except OSError as exc:
-                    sock.close()
-                    raise TransportError(f"cannot bind {ip}:{job_udp_port(job)} for job "
-                                         f"{job}: {exc}") from None
-                sock.setblocking(False)
-                self.links.append(NicSocket(level, ip, switch_ip, sock))
+                self.links.append(NicSocket.open(level, ip, switch_ip, job))
             self.mesh = self._connect()
         except BaseException:
             self.close()
@@ -216,7 +161,7 @@ class Engine:
 
     def allreduce(self, values: np.ndarray,
                   progress: Callable[[int, int], None] | None = None
-                  ) -> tuple[np.ndarray, EngineStats]:
+                  ) -> tuple[np.ndarray, CallStats]:
         """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats.
 
         A switch or link that fails mid-call is re-planned around (every worker learns of it
@@ -295,90 +240,5 @@ class Engine:
         self.mesh = self._connect()
 
     def _drive(self, call: Call) -> None:
-        """The one loop: sockets in, the call's inputs; the call's outputs, sockets out. It
-        returns once the call failed, or completed and everything it sent has left."""
-        links = self.links
-        peers = self.mesh.peers
-        by_fd = {link.sock.fileno(): link for link in links}
-        peer_fd = {peer.sock.fileno(): (key, peer) for key, peer in peers.items()}
-        buffer = bytearray(PAYLOAD_BYTES + 64)
-        view = memoryview(buffer)
-        poll = select.poll()
-        for link in links:
-            poll.register(link.sock, select.POLLIN)
-        watched: dict[int, int] = {}  # peer fd -> the events it is registered for
-        reported: set = set()  # peers whose closing the call was told of
-        # Messages of this call may already wait in an inbox (a neighbour one call ahead, or
-        # read with the last call's end): poll() will not report those again.
-        for key, peer in peers.items():
-            self._deliver(call, key, peer)
-        while True:
-            self._send(call)
-            if call.error is not None:
-                return
-            if call.result is not None and not any(p.outbox for p in peers.values()) \
-                    and not any(link.outbox for link in links):
-                return
-            now = time.monotonic()
-            if call.result is not None and now > call.started + call.timeout:
-                raise TransportError(f"job {self.job} server {self.home}: the call's last "
-                                     "messages could not be delivered to the neighbours "
-                                     f"within {call.timeout:g} s")
-            for fd, (key, peer) in peer_fd.items():
-                if peer.closed and key not in reported:
-                    reported.add(key)
-                    call.on_closed(now, key)
-                if peer.paced:  # held back by its pacing, not by the socket: try again now
-                    peer.flush()
-                wanted = 0 if peer.closed else select.POLLIN | (
-                    select.POLLOUT if peer.outbox and not peer.paced else 0)
-                if watched.get(fd, 0) != wanted:
-                    if fd in watched:
-                        poll.unregister(fd)
-                        del watched[fd]
-                    if wanted:
-                        poll.register(fd, wanted)
-                        watched[fd] = wanted
-            wait = max(0.0, min(call.next_wake() - now, POLL_CAP))
-            for fd, event in poll.poll(wait * 1000):
-                link = by_fd.get(fd)
-                if link is not None:
-                    self._receive(call, link, buffer, view)
-                    continue
-                key, peer = peer_fd[fd]
-                if event & select.POLLOUT:
-                    peer.flush()
-                if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    peer.fill()
-                    self._deliver(call, key, peer)
-            for link in links:
-                link.drain()
-            now = time.monotonic()
-            if now >= call.next_wake():
-                call.on_timer(now)
-
-    @staticmethod
-    def _receive(call: Call, link: NicSocket, buffer: bytearray, view: memoryview) -> None:
-        recv_into = link.sock.recv_into
-        for _ in range(RECV_BATCH):
-            try:
-                size = recv_into(buffer)
-            except (BlockingIOError, InterruptedError):
-                return
-            call.on_frame(time.monotonic(), link.level, view[:size])
-
-    @staticmethod
-    def _deliver(call: Call, key: tuple[int, int], peer: Peer) -> None:
-        now = time.monotonic()
-        for message in peer.messages(call.tag):
-            call.on_message(now, key, *message)
-
-    def _send(self, call: Call) -> None:
-        frames = call.take_frames()
-        for level, frame in frames:
-            self.links[level].send(frame)
-        if frames:
-            call.on_sent(time.monotonic())
-        peers = self.mesh.peers
-        for key, message in call.take_messages():
-            peers[key].queue(message)
+        drive(call, self.links, self.mesh.peers, call.tag,
+              f"job {self.job} server {self.home}")

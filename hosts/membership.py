@@ -20,7 +20,7 @@ from bml.schedule import (
     stripe_job_id,
 )
 from bml.topology import Topology
-from hosts.transport import TransportError
+from hosts.errors import TransportError
 
 
 class PartFailed(TransportError):

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bml.protocol import job_udp_port
-from hosts.call import Call, EngineStats, NicState, Replan
+from hosts.call import Call
+from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import abort_message, decode_message
-from hosts.transport import TransportError
+from hosts.recovery import NicState
+from hosts.stats import CallStats, Replan
 from simulation.network import Clock, Network
 
 CLOSE_DELAY = 0.3  # s a worker that gives up lingers (its ABORTs leave) before reconnecting
@@ -45,7 +47,7 @@ class Outcome:
     result: np.ndarray | None = None
     error: str | None = None
     ended: float = 0.0
-    stats: EngineStats | None = None
+    stats: CallStats | None = None
     replans: list[Replan] = field(default_factory=list)
 
 
@@ -310,7 +312,7 @@ class SimWorker:
             self.connect()
 
     def _end(self, result: np.ndarray | None = None, error: str | None = None,
-             stats: EngineStats | None = None) -> None:
+             stats: CallStats | None = None) -> None:
         if error is not None:
             self.state = State.FAILED
             self.close_mesh()

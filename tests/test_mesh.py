@@ -10,10 +10,11 @@ import numpy as np
 
 from bml.schedule import HOST_BASED, make_schedule
 from bml.topology import Topology
-from hosts.call import Call, NicState
+from hosts.call import Call
 from hosts.engine import Engine
 from hosts.membership import Membership
 from hosts.mesh import MESSAGE, Kind, Peer, encode_message
+from hosts.recovery import NicState
 
 
 def connected_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:

@@ -1,0 +1,183 @@
+"""The host agent's one event loop, and the NIC sockets it owns.
+
+A call (``hosts.call.Call`` on every NIC of a BCube server, ``hosts.single.SingleSwitchCall``
+on one NIC) is a state machine without I/O. ``drive`` feeds it what arrives on the NICs' UDP
+sockets and the mesh's TCP connections, and when its timer is due, and sends what it asks to
+send, until it has failed, or completed and everything it sent has left.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bml.protocol import BML_UDP_PORT, PAYLOAD_BYTES, job_udp_port
+from hosts.errors import TransportError
+from hosts.mesh import Peer, queue_full
+from hosts.sockets import force_buffers
+
+RECV_BATCH = 4096  # datagrams read from one NIC before the loop looks at the others
+POLL_CAP = 0.01  # s: the loop wakes at least this often (paced mesh connections)
+
+
+@dataclass
+class NicSocket:
+    """One NIC's UDP socket to its switch, and the frames the kernel could not take yet.
+
+    A frame the kernel refuses for another reason than a full queue (the NIC is down) is
+    dropped and counted: the switch watch then finds the switch silent and the call is
+    re-planned around it, as for any frame lost on the way."""
+
+    level: int
+    ip: str
+    switch_ip: str
+    sock: socket.socket
+    outbox: deque = field(default_factory=deque)
+    refused: int = 0
+
+    @classmethod
+    def open(cls, level: int, ip: str, switch_ip: str, job: int) -> NicSocket:
+        """A non-blocking socket bound to the job's port on ``ip``."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        force_buffers(sock)
+        try:
+            sock.bind((ip, job_udp_port(job)))
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot bind {ip}:{job_udp_port(job)} for job {job}: "
+                                 f"{exc}") from None
+        sock.setblocking(False)
+        return cls(level, ip, switch_ip, sock)
+
+    def send(self, frame: bytes) -> None:
+        if not self.outbox:
+            try:
+                self.sock.sendto(frame, (self.switch_ip, BML_UDP_PORT))
+                return
+            except OSError as exc:
+                if not queue_full(exc):
+                    self.refused += 1
+                    return
+        self.outbox.append(frame)
+
+    def drain(self) -> None:
+        while self.outbox:
+            try:
+                self.sock.sendto(self.outbox[0], (self.switch_ip, BML_UDP_PORT))
+            except OSError as exc:
+                if queue_full(exc):
+                    return
+                self.refused += 1
+            self.outbox.popleft()
+
+
+class Drivable(Protocol):
+    """What ``drive`` needs of a call."""
+
+    result: object
+    error: Exception | None
+    started: float
+    timeout: float
+
+    def on_frame(self, now: float, level: int, data: memoryview) -> None: ...
+    def on_message(self, now: float, key, *message) -> None: ...
+    def on_closed(self, now: float, key) -> None: ...
+    def on_timer(self, now: float) -> None: ...
+    def on_sent(self, now: float) -> None: ...
+    def next_wake(self) -> float: ...
+    def take_frames(self) -> list[tuple[int, bytes]]: ...
+    def take_messages(self) -> list[tuple[object, bytes]]: ...
+
+
+def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], Peer],
+          tag: int, who: str) -> None:
+    """The one loop: sockets in, the call's inputs; the call's outputs, sockets out. It
+    returns once the call failed, or completed and everything it sent has left. ``tag``:
+    the call's, in the mesh messages that are its own; ``who`` names the worker in errors."""
+    buffer = bytearray(PAYLOAD_BYTES + 64)
+    view = memoryview(buffer)
+    by_fd = {link.sock.fileno(): link for link in links}
+    peer_fd = {peer.sock.fileno(): (key, peer) for key, peer in peers.items()}
+    poll = select.poll()
+    for link in links:
+        poll.register(link.sock, select.POLLIN)
+    watched: dict[int, int] = {}  # peer fd -> the events it is registered for
+    reported: set = set()  # peers whose closing the call was told of
+    # Messages of this call may already wait in an inbox (a neighbour one call ahead, or
+    # read with the last call's end): poll() will not report those again.
+    for key, peer in peers.items():
+        _deliver(call, key, peer, tag)
+    while True:
+        _send(call, links, peers)
+        if call.error is not None:
+            return
+        if call.result is not None and not any(p.outbox for p in peers.values()) \
+                and not any(link.outbox for link in links):
+            return
+        now = time.monotonic()
+        if call.result is not None and now > call.started + call.timeout:
+            raise TransportError(f"{who}: the call's last messages could not be delivered "
+                                 f"to the neighbours within {call.timeout:g} s")
+        for fd, (key, peer) in peer_fd.items():
+            if peer.closed and key not in reported:
+                reported.add(key)
+                call.on_closed(now, key)
+            if peer.paced:  # held back by its pacing, not by the socket: try again now
+                peer.flush()
+            wanted = 0 if peer.closed else select.POLLIN | (
+                select.POLLOUT if peer.outbox and not peer.paced else 0)
+            if watched.get(fd, 0) != wanted:
+                if fd in watched:
+                    poll.unregister(fd)
+                    del watched[fd]
+                if wanted:
+                    poll.register(fd, wanted)
+                    watched[fd] = wanted
+        wait = max(0.0, min(call.next_wake() - now, POLL_CAP))
+        for fd, event in poll.poll(wait * 1000):
+            link = by_fd.get(fd)
+            if link is not None:
+                _receive(call, link, view)
+                continue
+            key, peer = peer_fd[fd]
+            if event & select.POLLOUT:
+                peer.flush()
+            if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                peer.fill()
+                _deliver(call, key, peer, tag)
+        for link in links:
+            link.drain()
+        now = time.monotonic()
+        if now >= call.next_wake():
+            call.on_timer(now)
+
+
+def _receive(call: Drivable, link: NicSocket, view: memoryview) -> None:
+    recv_into = link.sock.recv_into
+    for _ in range(RECV_BATCH):
+        try:
+            size = recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return
+        call.on_frame(time.monotonic(), link.level, view[:size])
+
+
+def _deliver(call: Drivable, key: tuple[int, int], peer: Peer, tag: int) -> None:
+    now = time.monotonic()
+    for message in peer.messages(tag):
+        call.on_message(now, key, *message)
+
+
+def _send(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], Peer]) -> None:
+    frames = call.take_frames()
+    for level, frame in frames:
+        links[level].send(frame)
+    if frames:
+        call.on_sent(time.monotonic())
+    for key, message in call.take_messages():
+        peers[key].queue(message)

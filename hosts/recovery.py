@@ -1,0 +1,357 @@
+"""Loss recovery for switch slots, without I/O: one set of rules for every executor.
+
+A worker keeps a window of a switch job's slots in flight (``SlotWindow``); every frame is
+answered by the switch (a RESULT, an ACK, or PENDING: "your contribution is in, the copy waits
+for the others"). This module decides, from answers and ``now`` alone, when a slot's frame is
+presumed lost and re-sent, and how many re-sends a NIC may spend (``NicState``,
+``resend_overdue``). The BCube call's ``SwitchChannel`` (``hosts/call.py``) and the one-NIC
+call (``hosts/single.py``) are both ``SlotWindow``s: they say what a slot's next frame holds
+and what an answer means; when to send again is decided here, once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+RTO_SAMPLES = 64  # answer times the timeout is estimated from
+RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
+RTO_QUANTILES = 2.0  # the timeout, in that quantile
+RTO_INITIAL = 0.05  # s, before any answer
+
+RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
+RETX_BUDGET_CAP = 64.0
+# A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
+# others) is not re-sent again before this many timeouts (doubling with every further
+# PENDING): only if the final answer is lost on its way does the switch need to hear from
+# this worker again.
+PENDING_FALLBACK = 2
+OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
+# Timeouts without any answer before a window that still has uses to send presumes its
+# frames in flight lost. Mid-call a loss shows as a later frame answered first (RACK's rule);
+# a window all of whose answers pause is mostly waiting behind its NIC's down link, busy
+# with the neighbours' broadcasts and streams. At a window's end no later frame can give
+# that evidence, and one timeout is the rule.
+MID_CALL_STALL = 4
+SWITCH_SILENCE = 2.0  # s without a frame from a switch: ask whether it is alive
+SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
+# ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
+# default build) may take seconds to work through the first window of every member.
+FIRST_ANSWER_DEADLINE = 10.0
+
+
+@dataclass
+class Rto:
+    """Retransmission timeout from answer-time samples (Karn's rule by the caller), doubled by
+    ``timed_out`` until a clean sample comes back.
+
+    An aggregation slot's answer waits for every worker's contribution, so its time includes
+    the other workers' recoveries from their own losses: under loss the slow part of the
+    samples is other workers' re-sends, not the network (at 10% loss each way, half of a
+    4-worker slot's uses wait for one). TCP's mean + 4 deviations would follow that up (and
+    every re-send would then wait longer, making the samples longer still, up to the cap).
+    A low quantile of the recent samples is what an answer takes when nothing was lost;
+    ``RTO_QUANTILES`` times it is the timeout."""
+
+    floor: float = 0.01
+    cap: float = 5.0
+    backoff: int = 1
+    samples: deque = field(default_factory=lambda: deque(maxlen=RTO_SAMPLES))
+    base: float = RTO_INITIAL
+    _fresh: int = 0
+
+    @property
+    def value(self) -> float:
+        return min(self.cap, max(self.floor, self.base) * self.backoff)
+
+    def sample(self, rtt: float) -> None:
+        self.backoff = 1
+        self.samples.append(rtt)
+        self._fresh += 1
+        if self._fresh >= 8 or len(self.samples) < 8:  # re-estimated every 8 samples
+            self._fresh = 0
+            ordered = sorted(self.samples)
+            self.base = RTO_QUANTILES * ordered[int(RTO_QUANTILE * (len(ordered) - 1))]
+
+    def timed_out(self) -> None:
+        self.backoff = min(self.backoff * 2, 1 << 10)
+
+
+@dataclass
+class NicState:
+    """One NIC's state a worker keeps across calls: its answer-time estimate, its re-send
+    budget, and what the switch watch knows.
+
+    A slot's answer waits for every member of its group, so a late answer often means a slow
+    neighbour or a full queue, not a loss; re-sending then only lengthens the queues, and on a
+    loaded machine every re-send makes the next one likelier. So re-sends are clocked by
+    answers (like TCP's ACK clock): each answered slot earns ``RETX_PER_ANSWER`` re-sends, and
+    with the budget spent only the longest-waiting slot is re-sent, once per RTO. The switch
+    tells a re-send into a copy that already holds this worker's contribution (``PENDING``):
+    that re-send is refunded (the slot then waits for the others, re-sent only by its
+    fallback timer), so the budget pays for lost frames and lost answers, not for the
+    co-workers' losses or lag. At the end of a call (every window on the NIC has sent all
+    its uses) the link has room and re-sends need no budget (each slot's back-off still bounds
+    them); without that, the last slots trickle out one per RTO. Backing off is per slot
+    (``SlotWindow.overdue``), never per NIC: with a window of slots in flight, one NIC-wide
+    doubling per lost frame would reach the cap within a few losses."""
+
+    level: int
+    switch_ip: str
+    rto: Rto = field(default_factory=lambda: Rto(floor=0.02, cap=1.0))
+    budget: float = RETX_BUDGET_CAP
+    last_forced: float = 0.0
+    last_heard: float = 0.0  # when a frame from the switch last arrived
+    asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
+    questions: int = 0  # how often since
+
+    def heard(self, now: float) -> None:
+        """A frame from the switch arrived: it is alive."""
+        self.last_heard, self.asked = now, 0.0
+
+    def answered(self) -> None:
+        self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
+
+    def answer_time(self) -> float:
+        """What an answer takes on this NIC now, not capped as the re-send timeout is: the
+        liveness bounds grow with it (BMv2's default build answers in seconds under load)."""
+        return max(self.rto.value, self.rto.base)
+
+    def refund(self) -> None:
+        """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
+        slot, and the slot is not re-sent again soon, so it is not charged."""
+        self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
+
+
+def switch_down(nic: NicState, now: float, ask: Callable[[], None]) -> bool:
+    """The switch watch of one NIC, run on every timer scan of a call. A switch that has sent
+    nothing for ``SWITCH_SILENCE`` is asked whether it is alive (``ask`` sends a GENERATION
+    question, which it answers whatever the other workers do, four times within the
+    deadline); True once it has not answered within ``SWITCH_DEADLINE``: it is down or cut
+    off, and the call fails at once instead of waiting out its timeout. On a slow, saturated
+    link or switch a question and its answer wait in full queues, so both bounds grow with
+    the answer times this NIC sees."""
+    if nic.rto.samples:
+        answer = nic.answer_time()
+        silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
+    else:  # no answer time known yet: the call's first burst may still be queued
+        silence, deadline = SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
+    if now - nic.last_heard < silence:
+        return False
+    if not nic.asked:
+        nic.asked, nic.questions = now, 0
+    elif now - nic.asked > deadline:
+        return True
+    if now - nic.asked >= nic.questions * deadline / 4:
+        nic.questions += 1
+        ask()
+    return False
+
+
+class ResendCounters(Protocol):
+    retransmissions: int
+    pending: int
+    resent: dict[str, int]
+
+
+class SlotWindow:
+    """The slots of one switch job a worker uses, with what is in flight in each and when
+    each is presumed lost.
+
+    Slot s carries the window's sequence numbers s, s + W, s + 2W, ... (its uses); every use
+    alternates the slot's copy. A subclass says how many uses each slot has
+    (``total_uses``) and what a use's frame holds (``frame_of``), and reads the answers. The
+    frames presumed in the link's queue are those sent after the latest frame answered (the
+    queue is FIFO: anything sent before that one has passed it, or was lost); at most
+    ``in_flight`` are, and uses beyond wait in ``held``, lowest sequence number first, so that
+    every member sends the blocks in the same order whatever order its answers came in (a
+    member sending ahead of the others waits for them in the switch, not the link).
+
+    ``in_order``: every member sends the same sequence in the same order, so a frame of this
+    worker's sent later and answered sooner says the earlier one is lost (RACK's evidence
+    then waits one timeout, else ``OUT_OF_ORDER_WAIT``). ``probe_first``: the members start
+    on their own (nothing synchronised them), so until the first answer only the first slot
+    is re-sent, as a probe, and the first answer restarts every slot's timer."""
+
+    def __init__(self, nic: NicState, window: int, total_uses: list[int], in_flight: int,
+                 now: float, emit: Callable[[bytes], None], counters: ResendCounters,
+                 in_order: bool = True, probe_first: bool = False) -> None:
+        self.nic = nic
+        self.window = window
+        self.total_uses = total_uses
+        self.in_flight = in_flight
+        self.emit = emit
+        self.counters = counters
+        self.next_use = [0] * window
+        self.frames: list[bytes | None] = [None] * window
+        self.first_sent = [0.0] * window
+        self.last_sent = [0.0] * window
+        self.retries = [0] * window
+        self.pending = bytearray(window)  # PENDING answers to the use in flight
+        self.open_slots = sum(1 for u in total_uses if u)
+        self.sends: deque[float] = deque()  # send times of the frames presumed in the queue
+        self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
+        self.answered_sent = 0.0  # the latest send time of a frame answered so far
+        self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
+        self.probe_first = probe_first
+        self.answers = 0
+        self.last_answer = now
+
+    def frame_of(self, slot: int, seq: int) -> bytes:
+        """The frame of the slot's next use (sequence number ``seq``)."""
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        return self.open_slots == 0
+
+    def launch(self, slot: int, now: float) -> None:
+        """The slot's next use is ready: send it once the queue has room."""
+        heapq.heappush(self.held, (slot + self.next_use[slot] * self.window, slot))
+        self.release(now)
+
+    def release(self, now: float) -> None:
+        """Send held uses, lowest sequence number first, while the queue has room."""
+        held, sends = self.held, self.sends
+        while held and len(sends) < self.in_flight:
+            seq, slot = heapq.heappop(held)
+            self.send(slot, self.frame_of(slot, seq), now)
+
+    def send(self, slot: int, frame: bytes, now: float) -> None:
+        """Send ``frame`` as the slot's use in flight (a first send: its timers start)."""
+        self.frames[slot] = frame
+        self.first_sent[slot] = self.last_sent[slot] = now
+        self.retries[slot] = 0
+        self.pending[slot] = 0
+        self.sends.append(now)
+        self.emit(frame)
+
+    def _passed(self, sent: float) -> None:
+        """A frame sent at ``sent`` was answered: frames sent up to then left the queue."""
+        sends = self.sends
+        while sends and sends[0] <= sent:
+            sends.popleft()
+
+    def on_pending(self, now: float, slot: int) -> None:
+        """The switch has this worker's contribution to the slot's use in flight (the caller
+        checked it is that use), and waits for others: no more re-sends of it until the
+        fallback (``overdue``)."""
+        self._passed(self.last_sent[slot])
+        self.last_sent[slot] = self.last_answer = now  # the fallback runs from the answer
+        self.release(now)
+        if not self.pending[slot]:
+            self.nic.refund()  # the first one only: later ones are the fallback's
+            self.counters.pending += 1
+        self.pending[slot] = min(self.pending[slot] + 1, 3)  # the fallback doubles twice
+
+    def answered(self, now: float, slot: int) -> None:
+        """The slot's use in flight was answered (the caller checked it is that use and took
+        what it carries): the slot moves on to its next use, which the caller launches when
+        ready (``launch``) unless the slot is finished (``finished(slot)``)."""
+        if self.retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
+            self.nic.rto.sample(now - self.first_sent[slot])
+            self.answered_sent = max(self.answered_sent, self.first_sent[slot])
+        self._passed(self.last_sent[slot])
+        if self.probe_first and not self.answers:
+            # The first answer: every member is up now. Timers that ran while they were
+            # starting restart, instead of all firing at once.
+            self.last_sent = [now] * self.window
+        self.answers += 1
+        self.last_answer = now
+        self.frames[slot] = None
+        self.next_use[slot] += 1
+        self.nic.answered()
+        if self.next_use[slot] >= self.total_uses[slot]:
+            self.open_slots -= 1
+
+    def finished(self, slot: int) -> bool:
+        return self.next_use[slot] >= self.total_uses[slot]
+
+    def overdue(self, now: float, draining: bool) -> list[tuple[float, SlotWindow, int, str]]:
+        """(last sent, self, slot, why) of every slot whose answer is overdue, presumed lost:
+        one timeout after the last send if a frame sent after it has been answered since
+        (RACK's rule). Otherwise, while answers keep coming, its answer is only waiting its
+        turn (in a queue, or for a co-worker) and it is not re-sent; once nothing has been
+        answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop; while
+        the window still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
+        doubling per retry from the second (per-slot back-off). A slot answered
+        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
+        PENDINGs (twice at most). ``draining``: ``self.draining()``, which the caller has."""
+        rto = self.nic.rto
+        base, cap = rto.value, rto.cap
+        pending, retries, last_sent = self.pending, self.retries, self.last_sent
+        answered_sent = self.answered_sent
+        silence = base if draining else base * MID_CALL_STALL
+        stalled = now - self.last_answer > silence
+        overdue = []
+        frames = self.frames
+        if self.probe_first and not self.answers:
+            frames = frames[:1]  # the others may not have started: probe with one slot
+        for slot, frame in enumerate(frames):
+            if frame is None:
+                continue
+            sent = last_sent[slot]
+            if pending[slot]:
+                # Doubling twice at most: a slot whose answer is lost must not wait long.
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+                why = "pending"
+            elif sent < answered_sent:
+                # Lost, all but surely (a frame sent after it has come back): no back-off,
+                # which at 10% loss left the unlucky slots of a call's end waiting seconds.
+                wait = min(cap, base) * self.evidence_wait
+                why = "ordered"
+            elif stalled:
+                # Doubling twice at most: nothing is answered (a call's tail, a co-worker's
+                # lost frame, a dead switch, which the switch watch finds).
+                wait = min(cap, base * (1 << min(max(retries[slot] - 1, 0), 2)))
+                why = "stalled"
+            else:
+                continue
+            if now - sent > wait:
+                overdue.append((sent, self, slot, why))
+        return overdue
+
+    def resend(self, slot: int, now: float, why: str) -> None:
+        self.sends.append(now)
+        self.last_sent[slot] = now
+        self.retries[slot] += 1
+        self.counters.retransmissions += 1
+        self.counters.resent[why] += 1
+        self.emit(self.frames[slot])
+
+    def waiting(self) -> int:
+        return sum(1 for frame in self.frames if frame is not None)
+
+    def draining(self) -> bool:
+        """Every use of every slot is sent (and the last ones wait for answers) or answered:
+        the window's end, nothing new will go out."""
+        frames, total = self.frames, self.total_uses
+        return all(use >= total[slot] or (use + 1 == total[slot] and frames[slot] is not None)
+                   for slot, use in enumerate(self.next_use))
+
+
+def resend_overdue(nic: NicState, windows: list[SlotWindow], now: float) -> None:
+    """Re-send the overdue slots of a NIC's windows, longest-waiting first, within its
+    budget."""
+    draining = [window.draining() for window in windows]
+    overdue = sorted((entry for window, end in zip(windows, draining, strict=True)
+                      for entry in window.overdue(now, end)), key=lambda entry: entry[0])
+    if not overdue:
+        return
+    # The end of the call on this NIC (its windows have sent everything): the link has room,
+    # and each slot's own back-off bounds its re-sends, so no budget is needed. (Not
+    # mid-call: there late slots often wait for lagging co-workers.)
+    ending = all(draining)
+    rto = nic.rto.value
+    for _sent, window, slot, why in overdue:
+        if not ending:
+            if nic.budget >= 1:
+                nic.budget -= 1
+            elif now - nic.last_forced > rto:
+                nic.last_forced = now
+            else:
+                break
+        window.resend(slot, now, why)

@@ -1,0 +1,39 @@
+"""What one allreduce call did: the one stats type of every executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Replan:
+    """One re-planning inside a call: what failed, and how long the call took to go on."""
+
+    cause: str
+    schedule: list[str]  # the degraded schedule's description
+    gave_up_at: float  # when this worker gave up on the failed plan
+    resumed_at: float = 0.0  # ... and when the new plan gave it its first whole block
+
+    @property
+    def recovery_seconds(self) -> float:
+        return self.resumed_at - self.gave_up_at
+
+
+@dataclass
+class CallStats:
+    seconds: float = 0.0
+    frames_sent: int = 0
+    retransmissions: int = 0
+    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
+    # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
+    # answer at all for a timeout (stalled), a PENDING slot's fallback.
+    resent: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending"), 0))
+    broadcasts: int = 0
+    repairs_asked: int = 0
+    stream_bytes: int = 0
+    exponent_seconds: float = 0.0
+    first_result: float = 0.0  # time of the first whole block
+    last_result: float = 0.0  # ... and of the last: the rest of the call is the ending
+    replans: list[Replan] = field(default_factory=list)
+    attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)
