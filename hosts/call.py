@@ -33,10 +33,11 @@ A call runs in phases:
    slot it used is back on copy 0 (an even number of uses: the next call starts clean).
 
 Failure detection runs through phases 2-4: a switch of this worker's that has sent nothing
-for ``SWITCH_SILENCE`` is asked whether it is alive; without an answer within
-``SWITCH_DEADLINE`` the call fails with ``PartFailed`` naming its group, which the driver
-re-plans around. A neighbour's closed connection fails it with ``WorkerLost``; an ABORT from a
-neighbour carries the same news on. Every phase is bounded (``start_timeout``, ``timeout``).
+for a while is asked whether it is alive; without an answer in time
+(``hosts.recovery.switch_down``) the call fails with ``PartFailed`` naming its group, which
+the driver re-plans around. A neighbour's closed connection fails it with ``WorkerLost``;
+an ABORT from a neighbour carries the same news on. Every phase is bounded
+(``start_timeout``, ``timeout``).
 """
 
 from __future__ import annotations
@@ -78,14 +79,18 @@ from hosts.errors import LengthMismatch, TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Kind, abort_reason, encode_message
 from hosts.quantize import block_exponents, dequantize, shift
-from hosts.recovery import NicState, SlotWindow, resend_overdue, switch_down
+from hosts.recovery import (
+    GENERATION_ASK_EVERY,
+    NicState,
+    SlotWindow,
+    resend_overdue,
+    switch_down,
+)
 from hosts.stats import CallStats
 
 _BE = np.dtype(">i4")
 _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
-
-GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 
 class SwitchChannel(SlotWindow):

@@ -41,6 +41,7 @@ SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch i
 # ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
 # default build) may take seconds to work through the first window of every member.
 FIRST_ANSWER_DEADLINE = 10.0
+GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 
 @dataclass

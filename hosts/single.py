@@ -48,13 +48,18 @@ from bml.protocol import (
 )
 from hosts.errors import LengthMismatch, TransportError
 from hosts.quantize import block_exponents, dequantize, quantize_to_wire
-from hosts.recovery import NicState, SlotWindow, resend_overdue, switch_down
+from hosts.recovery import (
+    GENERATION_ASK_EVERY,
+    NicState,
+    SlotWindow,
+    resend_overdue,
+    switch_down,
+)
 from hosts.stats import CallStats
 
 _BE = np.dtype(">i4")
 _ZEROS = bytes(4 * VALUES_PER_PACKET)
 _ANSWERS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
-GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 
 class Phase(enum.Enum):
