@@ -90,6 +90,7 @@ class Lines:
 
     def __init__(self, stream) -> None:
         self.lines: list[str] = []
+        self.ended = False  # the stream closed: the process is gone
         self.changed = threading.Condition()
         self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self.thread.start()
@@ -99,11 +100,25 @@ class Lines:
             with self.changed:
                 self.lines.append(line)
                 self.changed.notify_all()
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
 
     def wait_for(self, text: str, guard: float) -> bool:
         with self.changed:
-            return self.changed.wait_for(lambda: any(text in line for line in self.lines),
-                                         timeout=guard)
+            self.changed.wait_for(lambda: self.ended or any(text in line
+                                                            for line in self.lines),
+                                  timeout=guard)
+            return any(text in line for line in self.lines)
+
+    def text(self) -> str:
+        with self.changed:
+            return "".join(self.lines)
+
+    def finished(self, guard: float) -> str:
+        """Everything, once the stream has closed."""
+        self.thread.join(guard)
+        return self.text()
 
 
 def test_killed_worker_stops_every_other_rank(star, tmp_path):
@@ -120,13 +135,18 @@ def test_killed_worker_stops_every_other_rank(star, tmp_path):
                      ["--progress"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
         env=rank_env()) for rank in range(WORLD)]
+    # Every pipe is read as it fills (a rank blocked writing to a full pipe would stall all).
+    outs = [Lines(process.stdout) for process in processes]
+    errs = [Lines(process.stderr) for process in processes]
     try:
-        victim = Lines(processes[3].stdout)
-        assert victim.wait_for("step 3", GUARD), "rank 3 never reached step 3"
+        if not outs[3].wait_for("step 3", GUARD):
+            raise AssertionError("rank 3 never reached step 3:\n"
+                                 + "\n".join(err.text()[-1500:] for err in errs))
         processes[3].kill()  # SIGKILL by PID, mid-training
         killed = time.monotonic()
         for rank in range(3):
-            _, err = processes[rank].communicate(timeout=GUARD)
+            processes[rank].wait(timeout=GUARD)
+            err = errs[rank].finished(GUARD)
             print(f"rank {rank} stopped {time.monotonic() - killed:.1f} s after the kill "
                   f"(hook timeout {args.timeout:g} s): {err.strip().splitlines()[-1]}")
             assert processes[rank].returncode == 3, err[-2000:]
