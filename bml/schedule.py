@@ -55,7 +55,7 @@ IN_FLIGHT = 256
 # How a NIC's share of its link's queue (bml-net's tbf queue: 256 KB) is split between the
 # aggregation frames it keeps in flight and the host-to-host streams (TCP) it keeps
 # unacknowledged. Alone, either may have the whole queue (TCP keeps 3/4 of it, for bursts:
-# hosts.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
+# bml.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
 # filling 192 KB of FIFO queue made every answer wait behind it, so the first step ran
 # ahead and the later ones lagged, and frames and TCP together overflowed it (bcube:3,2 mixed
 # at 2 Mbit/s: 1.30x -> 1.16x of its prediction with frames 128 KB, streams 64 KB). Each of
@@ -65,7 +65,7 @@ IN_FLIGHT = 256
 LINK_QUEUE_BYTES = 256_000
 SHARED_FRAME_BUDGET = 64_000
 SHARED_STREAM_BUDGET = 32_000
-STREAM_BUDGET = 192_000  # = hosts.sockets.QUEUE_BUDGET (checked in tests)
+STREAM_BUDGET = 192_000  # = bml.sockets.QUEUE_BUDGET (checked in tests)
 FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
 MIN_CHANNEL_WINDOW = 16
 

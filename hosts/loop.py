@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bml.protocol import BML_UDP_PORT, PAYLOAD_BYTES, job_udp_port
+from bml.sockets import force_buffers
 from hosts.errors import TransportError
 from hosts.mesh import Peer, queue_full
-from hosts.sockets import force_buffers
 
 RECV_BATCH = 4096  # datagrams read from one NIC before the loop looks at the others
 POLL_CAP = 0.01  # s: the loop wakes at least this often (paced mesh connections)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from bml.protocol import mesh_tcp_port
+from bml.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 from bml.topology import Topology
-from hosts.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
@@ -177,7 +177,7 @@ class Mesh:
         carry the connection). ``addresses``: per server of ``topology``, its NICs'
         addresses, when they are not the topology's own (a job shrunk to its survivors).
         ``budgets``: per level, the bytes its connections keep unacknowledged in all (default
-        hosts.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames).
+        bml.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames).
         ``control_only``: the mesh carries only the calls' control messages (a short TCP
         timeout, ``CONTROL_RTO_MIN_US``). ``connect``: establish the connections now; else the
         caller calls ``establish``, and may call it again for the ones still ``missing``

@@ -33,15 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from bml.cost_model import PS_CHUNK_VALUES, PS_HEADER_BYTES, shard_sizes
+from bml.sockets import QUEUE_BUDGET, force_buffers, read_available, unacked_bytes
 from hosts.discovery import nic_counters
-from hosts.sockets import QUEUE_BUDGET, force_buffers, read_available, unacked_bytes
 
 HEADER = struct.Struct("!BBHII")
 assert HEADER.size == PS_HEADER_BYTES
 PUSH, SUM, HELLO = 1, 2, 3
 PS_TCP_PORT = 49000
 RECV_BYTES = 1 << 18
-# Senders pace themselves by their receiver's fan-in: hosts.sockets.QUEUE_BUDGET.
+# Senders pace themselves by their receiver's fan-in: bml.sockets.QUEUE_BUDGET.
 
 
 class PSError(RuntimeError):

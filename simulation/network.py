@@ -52,7 +52,7 @@ SEGMENT_PAYLOAD = tcp_segment_payload()  # 9000-byte MTU, IPv4 and TCP with time
 SEGMENT_HEADERS = TCP_IP_ETH_OVERHEAD  # counted on the wire per segment, as the cost model does
 MIN_RTO = 0.2  # Linux's least retransmission timeout: a lost segment's wait
 MAX_BACKOFF = 3.2  # a stalled segment's retry interval doubles from MIN_RTO up to this
-DEFAULT_STREAM_WINDOW = 192_000  # hosts.sockets.QUEUE_BUDGET: 3/4 of bml-net's 256 KB queue
+DEFAULT_STREAM_WINDOW = 192_000  # bml.sockets.QUEUE_BUDGET: 3/4 of bml-net's 256 KB queue
 
 # Trace kinds (ints: their hash does not depend on PYTHONHASHSEED).
 SWITCHED, DELIVERED, DROPPED, LOST, DOWN, DEAD, REJECTED, SEGMENT, MESSAGE = range(9)

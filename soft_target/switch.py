@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from hosts.sockets import force_buffers
+from bml.sockets import force_buffers
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 

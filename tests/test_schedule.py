@@ -37,9 +37,9 @@ from bml.schedule import (
     stripe_job_id,
     traffic,
 )
+from bml.sockets import QUEUE_BUDGET
 from bml.topology import Topology
 from control_plane.jobs import JobError, plan_scheduled_job
-from hosts.sockets import QUEUE_BUDGET
 
 # (topology, schedule) -> (up, down) of the busiest NIC in units of a stripe S = G / k,
 # payload only. Derived by hand (DESIGN.md, "BCube and the synchronisation schedules"):

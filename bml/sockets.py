@@ -1,4 +1,5 @@
-"""Socket settings shared by the hot paths (host transport, mesh, PS and software switch)."""
+"""Socket settings shared by every hot path: the host agent, its mesh, the baselines and the
+software switch."""
 
 from __future__ import annotations
 
