@@ -41,7 +41,7 @@ bench-faults: setup  # loss goodput, and each fault's detection and recovery (st
 	$(PY) -m benchmarks.faults
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
-	$(PY) -m hosts.train $(ARGS)
+	$(PY) -m train $(ARGS)
 
 sim-soak: setup  # 20,000 seeded fault trials of the real engine and pipeline in virtual time
 	$(PY) -m simulation.cli soak --seeds $${SEEDS:-20000} --topos bcube:2,2,star:4,bcube:3,2,bcube:2,3,bcube:4,2,bcube:3,3

@@ -8,9 +8,9 @@ bytes each of its NICs sent and received during the timed call (sysfs counters),
     python -m benchmarks.worker SCHEME RANK WORLD SIZE OUT [--schedule S] [--servers P]
         [--master IP]
 
-SCHEME: ``bml`` (hosts.api, every NIC, the job's or the given schedule), ``ps`` (hosts.ps,
+SCHEME: ``bml`` (hosts.api, every NIC, the job's or the given schedule), ``ps`` (baselines.ps,
 sharded, or with ``--servers`` dedicated; ranks >= WORLD are the servers), ``ring``
-(hosts.ring, gloo). The gradient of rank r is ``benchmarks.common.gradient(SIZE, r)``.
+(baselines.ring, gloo). The gradient of rank r is ``benchmarks.common.gradient(SIZE, r)``.
 """
 
 from __future__ import annotations
@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                         start_timeout=60,
                         schedule=args.schedule)
     elif args.scheme == "ps":
-        from hosts.ps import ParameterServer
+        from baselines.ps import ParameterServer
 
         scheme = ParameterServer(args.rank, args.world, args.servers, timeout=args.timeout,
                                  start_timeout=60)
     else:
-        from hosts.ring import GlooRing
+        from baselines.ring import GlooRing
 
         scheme = GlooRing(args.rank, args.world, args.master, timeout=args.timeout)
 

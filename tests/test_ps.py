@@ -1,4 +1,4 @@
-"""The parameter-server baseline (hosts/ps.py) on star:4: sharded over the four servers and
+"""The parameter-server baseline (baselines/ps.py) on star:4: sharded over the four servers and
 with one dedicated server for three workers, each participant run by one command in its
 namespace; every worker's sum matches the float64 sum to float32 rounding."""
 
@@ -24,7 +24,7 @@ def run_ps(state, tmp_path, world: int, servers: int | None, grads: list[np.ndar
     processes = []
     for rank in range(world + (servers or 0)):
         command = ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, "-m",
-                   "hosts.ps", "run", "--rank", str(rank), "--world", str(world),
+                   "baselines.ps", "run", "--rank", str(rank), "--world", str(world),
                    "--timeout", "20", *(["--servers", str(servers)] if servers else [])]
         if rank < world:
             np.save(tmp_path / f"g{rank}.npy", grads[rank])

