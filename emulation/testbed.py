@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from emulation.net import find_bmv2, stop_pid
+from emulation.net import find_bmv2
+from emulation.processes import stop_pid
 
 REPO = Path(__file__).resolve().parent.parent
 PTF_DIR = REPO / "tests" / "ptf"
@@ -62,8 +64,7 @@ def start_switch(namespace: str, command: list[str], address: str, log: Path,
         if probe.returncode == 0:
             return process
         time.sleep(0.2)
-    process.kill()
-    process.wait()
+    stop_pid(process.pid, first=signal.SIGKILL)
     raise RuntimeError(f"{name} switch did not serve P4Runtime within 30 s")
 
 
