@@ -108,7 +108,7 @@ def nic_wire_bytes(nic: NicTraffic, mtu: int = DEFAULT_MTU) -> tuple[float, floa
     return up, down
 
 
-class NicLoad:
+class LinkBound:
     """What follows from bytes per NIC (``nic_bytes[server][nic] = (up, down)``) on links of
     ``rate_bps`` each way: GST is the busier direction of the busiest NIC over the rate, plus
     ``serial_bytes`` that cannot overlap it (a pipeline's fill and drain)."""
@@ -135,7 +135,7 @@ class NicLoad:
 
 
 @dataclass(frozen=True)
-class Prediction(NicLoad):
+class Prediction(LinkBound):
     """A schedule's predicted wire bytes per server and NIC, and its GST on links of
     ``rate_bps`` each way: the busier direction of the busiest NIC over the rate."""
 
@@ -196,15 +196,14 @@ PS = "ps"
 PS_DEDICATED = "ps-dedicated"
 RING = "ring"
 SINGLE_SWITCH = "single-switch"
-BASELINES = (PS, PS_DEDICATED, RING, SINGLE_SWITCH)
-PS_HEADER_BYTES = 12  # hosts/ps.py message header: kind, shard, offset, count
+PS_HEADER_BYTES = 12  # baselines/ps.py message header: kind, shard, offset, count
 PS_CHUNK_VALUES = 1 << 12  # float32 values per PS message (16 KiB: a holder sums a chunk once
 # all W contributions are in, so a smaller chunk fills and drains the pipeline sooner)
 TCP_ACK_SEGMENTS = 2  # a delayed ACK per this many full segments
 
 
 @dataclass(frozen=True)
-class WirePrediction(NicLoad):
+class WirePrediction(LinkBound):
     """Any scheme's predicted bytes per NIC (``[server][nic] = (up, down)``), its GST on links
     of ``rate_bps`` each way, and the switches its topology needs."""
 
@@ -226,7 +225,7 @@ def tcp_nic_bytes(sent: float, received: float, mtu: int = DEFAULT_MTU) -> tuple
 
 def shard_sizes(elements: int, shards: int) -> list[int]:
     """Values per PS shard: contiguous ranges, the first ``elements % shards`` one longer
-    (``bml.schedule.split``, as hosts/ps.py cuts them)."""
+    (``bml.schedule.split``, as baselines/ps.py cuts them)."""
     size, extra = divmod(elements, shards)
     return [size + (1 if i < extra else 0) for i in range(shards)]
 

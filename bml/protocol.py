@@ -111,7 +111,6 @@ VALUES_STRUCT = struct.Struct(f"!{VALUES_PER_PACKET}i")
 PAYLOAD_BYTES = HEADER_BYTES + VALUES_BYTES  # UDP payload of a full aggregation packet
 ETH_IP_UDP_BYTES = 14 + 20 + 8
 FRAME_BYTES = ETH_IP_UDP_BYTES + PAYLOAD_BYTES  # 314 bytes on the wire (without FCS)
-PAYLOAD_SHARE = VALUES_BYTES / FRAME_BYTES  # useful gradient bytes per wire byte
 
 
 class BML(Packet):

@@ -47,21 +47,20 @@ EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
 # A switch channel in a stripe's first step uses DEFAULT_WINDOW slots of its job's pool (per
 # switch and stripe; ``channel_slots``) but keeps at most IN_FLIGHT frames in flight: a slot
 # waiting for a re-send or for a co-worker's (lost and re-sent) contribution holds its slot,
-# not a place in the link's queue, so under
-# loss the other slots keep the link busy (star:4 at 10% loss each way: the window of 256
-# slots was the bound).
+# not a place in the link's queue, so under loss the other slots keep the link busy (with no
+# more slots than frames in flight, every slot waiting on a loss is a frame the link does not
+# carry meanwhile).
 DEFAULT_WINDOW = 512
 IN_FLIGHT = 256
 # How a NIC's share of its link's queue (bml-net's tbf queue: 256 KB) is split between the
 # aggregation frames it keeps in flight and the host-to-host streams (TCP) it keeps
 # unacknowledged. Alone, either may have the whole queue (TCP keeps 3/4 of it, for bursts:
-# bml.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), a stream of TCP
-# filling 192 KB of FIFO queue made every answer wait behind it, so the first step ran
-# ahead and the later ones lagged, and frames and TCP together overflowed it (bcube:3,2 mixed
-# at 2 Mbit/s: 1.30x -> 1.16x of its prediction with frames 128 KB, streams 64 KB). Each of
-# its steps waits for the one before, so every byte queued is latency on the path of the
-# call's last blocks: half that again (frames 64 KB, streams 32 KB), 256K floats 1.19x ->
-# 1.16x (1.10-1.12x with the engine's MID_CALL_STALL); a quarter was no better (1.12x).
+# bml.sockets.QUEUE_BUDGET); where a NIC carries both (the mixed schedule), together they
+# must fit in the queue (a drop is a re-send or a repair), and neither may fill it: every
+# answer waits behind the TCP queued before it in the FIFO, so the first step (which streams)
+# runs ahead and the later ones lag. Each of the mixed schedule's steps waits for the one
+# before, so every byte queued is latency on the path of the call's last blocks: hence
+# shares of only a quarter and an eighth of the queue (smaller ones shorten the call no more).
 LINK_QUEUE_BYTES = 256_000
 SHARED_FRAME_BUDGET = 64_000
 SHARED_STREAM_BUDGET = 32_000
@@ -143,9 +142,6 @@ class Schedule:
 
     def rs_dims(self, stripe: int, server: int | None = None) -> list[int]:
         return [s.dim for s in self.steps_of(stripe, server) if s.op is Op.RS]
-
-    def uses_switch(self) -> bool:
-        return any(s.switch_share > 0 for steps in self.stripes for s in steps)
 
     def describe(self) -> list[str]:
         lines = [f"stripe {p}: " + " -> ".join(map(str, steps))
@@ -382,9 +378,9 @@ def channel_slots(window: int, in_flight: int, first_step: bool) -> int:
     come back in the order the frames left and a frame answered says every frame sent before
     it has left the link's queue; more slots than frames in flight then keep the link busy
     while some wait for re-sends. In a later step the blocks become ready in a different
-    order on each member, answers come back out of order, and the slots themselves must
-    bound what is in the queue: no more than ``in_flight`` (bcube:3,2 at 2 Mbit/s with 512:
-    queues twice as long, 1.12x -> 1.19x of the prediction)."""
+    order on each member, answers come back out of order (an answer no longer says what has
+    left the queue), and the slots themselves must bound what is in the queue: no more than
+    ``in_flight``, or the queue, and every answer's wait in it, grows with the window."""
     return window if first_step else min(window, in_flight)
 
 

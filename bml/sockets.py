@@ -25,8 +25,8 @@ def force_buffers(sock: socket.socket, size: int = 8 << 20) -> None:
 # Every NIC is the receiving end of several TCP connections at once (incast). TCP alone grows
 # each window until the shaped link's queue overflows, and with jumbo segments the losses cost
 # whole segments and timeouts. So a sender keeps at most QUEUE_BUDGET / (its receiver's
-# fan-in) bytes unacknowledged on a connection: 3/4 of bml-net's 256 KB queue in all, which
-# still keeps the link busy (hosts/ps.py measured: 1.37x -> 1.15x of the link-bound GST).
+# fan-in) bytes unacknowledged on a connection: 3/4 of bml-net's 256 KB queue in all, enough
+# to keep the link busy, with a quarter left for what else arrives (ACKs, other flows' bursts).
 QUEUE_BUDGET = 192_000
 
 

@@ -42,7 +42,6 @@ an ABORT from a neighbour carries the same news on. Every phase is bounded
 
 from __future__ import annotations
 
-import bisect
 import enum
 import json
 from collections.abc import Callable
@@ -239,7 +238,6 @@ class Call:
         self.ar_dim = [next((s.dim for s in stripe if s.op is Op.AR), None) for stripe in steps]
         self.ag_in_switch = [{s.dim: bool(s.switch_share) for s in stripe if s.op is Op.AG}
                              for stripe in steps]
-        self.stripe_starts = [self.layout.stripe(p)[0] for p in range(k)]
         self.done_from: set[PeerKey] = set()
         self.closed: set[PeerKey] = set()
         self.channels: dict[tuple[int, int], SwitchChannel] = {}
@@ -360,9 +358,6 @@ class Call:
 
     def home_of(self, key: PeerKey) -> int:
         return self.plan.home_of(key[1])
-
-    def stripe_of(self, block: int) -> int:
-        return bisect.bisect_right(self.stripe_starts, block) - 1
 
     def valid_count(self, block: int) -> int:
         return max(0, min(VALUES_PER_PACKET, self.length - block * VALUES_PER_PACKET))

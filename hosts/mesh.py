@@ -35,10 +35,10 @@ RECV_CHUNK = 1 << 18
 # that carries only control messages at a call's start and end over idle links
 # (``bml.schedule.mesh_is_control_only``). Linux's 200 ms is sized for wide areas: between
 # neighbours (sub-millisecond base RTT) a lost segment of the exponent exchange or of DONE
-# waited 0.2-1.8 s at 10% loss (star:4: a push 3.7-6.1 s, with it 3.6-4.0 s). Not where the
-# mesh carries messages mid-call (streams, repairs), which wait behind the frames in queues
-# far longer than the RTT it learnt: there it re-sent them spuriously (bcube:3,2 in-network
-# 2 Mbit/s, 1M floats: 1.09-1.13x of its prediction, 1.04-1.05x without).
+# would hold the whole call for 200 ms, doubled at each loss after it, while the links are
+# idle. Not where the mesh carries messages mid-call (streams, repairs): they wait behind the
+# frames in queues far longer than the RTT TCP learnt, and a short least timeout would re-send
+# them spuriously, into those same queues.
 TCP_RTO_MIN_US = 45
 CONTROL_RTO_MIN_US = 20_000
 

@@ -46,8 +46,8 @@ GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
 
 @dataclass
 class Rto:
-    """Retransmission timeout from answer-time samples (Karn's rule by the caller), doubled by
-    ``timed_out`` until a clean sample comes back.
+    """Retransmission timeout from answer-time samples (Karn's rule by the caller); each slot's
+    back-off on top of it is ``SlotWindow.overdue``'s.
 
     An aggregation slot's answer waits for every worker's contribution, so its time includes
     the other workers' recoveries from their own losses: under loss the slow part of the
@@ -59,26 +59,21 @@ class Rto:
 
     floor: float = 0.01
     cap: float = 5.0
-    backoff: int = 1
     samples: deque = field(default_factory=lambda: deque(maxlen=RTO_SAMPLES))
     base: float = RTO_INITIAL
     _fresh: int = 0
 
     @property
     def value(self) -> float:
-        return min(self.cap, max(self.floor, self.base) * self.backoff)
+        return min(self.cap, max(self.floor, self.base))
 
     def sample(self, rtt: float) -> None:
-        self.backoff = 1
         self.samples.append(rtt)
         self._fresh += 1
         if self._fresh >= 8 or len(self.samples) < 8:  # re-estimated every 8 samples
             self._fresh = 0
             ordered = sorted(self.samples)
             self.base = RTO_QUANTILES * ordered[int(RTO_QUANTILE * (len(ordered) - 1))]
-
-    def timed_out(self) -> None:
-        self.backoff = min(self.backoff * 2, 1 << 10)
 
 
 @dataclass
@@ -300,8 +295,9 @@ class SlotWindow:
                 wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
                 why = "pending"
             elif sent < answered_sent:
-                # Lost, all but surely (a frame sent after it has come back): no back-off,
-                # which at 10% loss left the unlucky slots of a call's end waiting seconds.
+                # Lost, all but surely (a frame sent after it has come back): no back-off, as
+                # the evidence is fresh each time; backing off would leave a call's last,
+                # unlucky slots waiting seconds under heavy loss.
                 wait = min(cap, base) * self.evidence_wait
                 why = "ordered"
             elif stalled:

@@ -102,12 +102,6 @@ class BmlHookState:
         # An elastic job that lost a worker sums over fewer: the mean is over those.
         return (total / (self.worker.workers or self.world)).astype(np.float32, copy=False)
 
-    def raise_if_failed(self) -> None:
-        """Turn DDP's wrapped error into the hook's own, with its cause."""
-        if self.error is not None:
-            raise HookFailed(f"rank {self.rank}: gradient synchronisation through BML-INA "
-                             f"failed: {self.error}") from self.error
-
     def close(self) -> None:
         """Stop the thread (dropping calls not started) and release the worker's sockets."""
         self.executor.shutdown(wait=True, cancel_futures=True)

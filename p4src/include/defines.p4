@@ -1,4 +1,4 @@
-// Constants shared by every control block. hosts/protocol.py must agree (tests/test_protocol.py).
+// Constants shared by every control block. bml/protocol.py must agree (tests/test_protocol.py).
 #ifndef BML_DEFINES_P4
 #define BML_DEFINES_P4
 
