@@ -15,6 +15,7 @@ traffic. Prints a table and writes results/switch_pps.{md,json}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import select
@@ -35,36 +36,35 @@ WINDOW = 128
 
 def measure(workers: int, seconds: float, grpc: str) -> dict:
     """Runs inside the testbed's namespace: provision, generate, count. Returns figures."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "ptf"))
+    from bml.frames import (
+        BML_START,
+        SWITCH_IP,
+        SWITCH_MAC,
+        aggregation_frame,
+        host_ip,
+        host_mac,
+    )
     from bml.protocol import HEADER_STRUCT, Stat
     from bml.topology import Switch
+    from control_plane.egress_rewrite import host_address_entry
     from control_plane.jobs import AggregationGroup
     from control_plane.p4info import Names
     from control_plane.provision import install_group
-    from control_plane.session import SwitchSession, entry
+    from control_plane.session import SwitchSession
     from soft_target.switch import open_port
-    from tests.ptf.common.bml_test import (
-        SWITCH_IP,
-        SWITCH_MAC,
-        contribution,
-        host_ip,
-        host_mac,
-        ip_int,
-        mac_int,
-    )
 
     session = SwitchSession("bench", grpc, 1, (0, 1))
     session.push_pipeline()
     ports = list(range(1, workers + 1))
-    session.write_entries([entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": p},
-                                 Names.SET_HOST_ADDRESS, host_mac=mac_int(host_mac(p)),
-                                 host_ip=ip_int(host_ip(p)), switch_mac=mac_int(SWITCH_MAC),
-                                 switch_ip=ip_int(SWITCH_IP)) for p in ports])
+    session.write_entries([host_address_entry(p, host_mac(p), host_ip(p), SWITCH_MAC, SWITCH_IP)
+                           for p in ports])
     group = AggregationGroup("bench", JOB, dict(enumerate(ports)), 0, 0, WINDOW)
     install_group(session, Switch("bench", 0, 0, 1, tuple(ports)), group)
     # frames[slot][version][worker]; the offset changes with the use, so alternate 2 offsets
-    frames = [[[bytes(contribution(p, JOB, w, list(range(64)), slot=s, version=v,
-                                   offset=(2 * s + v) * 64))
+    # (IPv4 identifications numbered as the frames are built, as a host's would be)
+    idents = itertools.count(1)
+    frames = [[[aggregation_frame(p, JOB, w, s, v, (2 * s + v) * 64, range(64),
+                                  ident=next(idents) & 0xFFFF)
                 for w, p in enumerate(ports)] for v in (0, 1)] for s in range(WINDOW)]
     senders = [open_port(f"t{p}") for p in ports]
     for sock in senders[1:]:
@@ -92,7 +92,7 @@ def measure(workers: int, seconds: float, grpc: str) -> dict:
                 break
             if size < 58:
                 continue
-            slot, ver = HEADER_STRUCT.unpack_from(buffer, 42)[5], buffer[43]
+            slot, ver = HEADER_STRUCT.unpack_from(buffer, BML_START)[5], buffer[BML_START + 1]
             if slot >= WINDOW or ver != version[slot]:
                 continue
             completed += 1

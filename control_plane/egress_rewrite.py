@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from bml.topology import Switch, Topology, ip_to_int, mac_to_int
+from bml.frames import ip_bytes, mac_bytes
+from bml.topology import Switch, Topology
 from control_plane.p4info import Names
 from control_plane.session import Entry, entry
+
+
+def host_address_entry(port: int, host_mac: bytes, host_ip: bytes, switch_mac: bytes,
+                       switch_ip: bytes) -> Entry:
+    """One port's entry: the addresses egress writes into every frame the switch sends a host
+    there (the host's as destination, the switch's as source)."""
+    return entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": port},
+                 Names.SET_HOST_ADDRESS,
+                 host_mac=int.from_bytes(host_mac, "big"), host_ip=int.from_bytes(host_ip, "big"),
+                 switch_mac=int.from_bytes(switch_mac, "big"),
+                 switch_ip=int.from_bytes(switch_ip, "big"))
 
 
 def host_address_entries(topology: Topology, switch: Switch) -> list[Entry]:
     result = []
     for server in switch.servers:
         nic = topology.nics(server)[switch.level]
-        result.append(entry(
-            Names.HOST_ADDRESS, {"standard_metadata.egress_port": nic.port},
-            Names.SET_HOST_ADDRESS,
-            host_mac=mac_to_int(nic.mac), host_ip=ip_to_int(nic.ip),
-            switch_mac=mac_to_int(switch.mac), switch_ip=ip_to_int(switch.ip)))
+        result.append(host_address_entry(nic.port, mac_bytes(nic.mac), ip_bytes(nic.ip),
+                                         mac_bytes(switch.mac), ip_bytes(switch.ip)))
     return result

@@ -14,17 +14,18 @@ the same sequence checks the software target alone against the invariants (a rou
 is the wrapping int32 sum of its contributions; a packet that is not admitted changes no later
 result, because every later frame is predicted without it; every packet is counted, drops by
 reason), and checks BMv2 and the software target against each other byte for byte
-(tests/diffrun.py).
+(tests/diffrun.py). This module is the scenario (jobs, tables) and the sequence; the model
+that predicts each packet's fate is ``tests.kit.oracle``, the frames ``bml.frames`` and
+``tests.kit.frames``.
 """
 
 from __future__ import annotations
 
 import random
-import re
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+from bml.frames import SWITCH_IP, SWITCH_MAC, aggregation_frame, host_ip, host_mac, udp_frame
 from bml.protocol import (
     BML_UDP_PORT,
     CONTROLLER_MAGIC,
@@ -32,53 +33,24 @@ from bml.protocol import (
     EXPONENT_NONE,
     GENERATION_HALF,
     GENERATIONS,
-    HEADER_STRUCT,
     VALUES_PER_PACKET,
     VALUES_STRUCT,
     DropReason,
     PacketType,
     ResultMode,
     Stat,
-    job_udp_port,
-    newer_generation,
 )
+from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import Names
 from control_plane.session import Entry, entry
+from tests.kit import frames as forge
+from tests.kit.oracle import Event, Expect, SwitchModel, switch_frame
 
 PORTS = tuple(range(1, 9))
 ADDRESSED_PORTS = tuple(range(1, 8))  # port 8 has no host_address: copies to it are counted
 FORWARDED_PORTS = tuple(range(1, 7))  # host MACs with an l2_forward entry
-SWITCH_MAC = bytes.fromhex("02ff00000001")
-SWITCH_IP = bytes([10, 0, 255, 1])
 UNKNOWN_MAC = bytes.fromhex("02aa00000099")
-_IPV4 = struct.Struct("!BBHHHBBH4s4s")
-_UDP = struct.Struct("!HHHH")
-
-
-def host_mac(port: int) -> bytes:
-    return bytes([2, 0, 0, 0, 0, port])
-
-
-def host_ip(port: int) -> bytes:
-    return bytes([10, 0, 0, port])
-
-
-def checksum(header: bytes) -> int:
-    """RFC 791 checksum over ``header`` (its checksum field zero)."""
-    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def with_ip_checksum(frame: bytes, ip_start: int = 14) -> bytes:
-    """``frame`` with the IPv4 header at ``ip_start`` given its right checksum."""
-    ihl = (frame[ip_start] & 0x0F) * 4 or 20
-    header = bytearray(frame[ip_start:ip_start + ihl])
-    header[10:12] = b"\0\0"
-    header[10:12] = checksum(bytes(header)).to_bytes(2, "big")
-    return frame[:ip_start] + bytes(header) + frame[ip_start + ihl:]
 
 
 # ---------------------------------------------------------------------------- the scenario
@@ -111,107 +83,15 @@ UNKNOWN_JOB = 99
 
 def table_entries() -> list[Entry]:
     """What the scenario installs besides the jobs: host addresses and L2 routes."""
-    mac_int = lambda mac: int.from_bytes(mac, "big")  # noqa: E731
-    entries = [entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": p},
-                     Names.SET_HOST_ADDRESS, host_mac=mac_int(host_mac(p)),
-                     host_ip=int.from_bytes(host_ip(p), "big"),
-                     switch_mac=mac_int(SWITCH_MAC), switch_ip=int.from_bytes(SWITCH_IP, "big"))
+    entries = [host_address_entry(p, host_mac(p), host_ip(p), SWITCH_MAC, SWITCH_IP)
                for p in ADDRESSED_PORTS]
-    entries += [entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": mac_int(host_mac(p))},
+    entries += [entry(Names.L2_FORWARD, {"hdr.ethernet.dstAddr": int.from_bytes(host_mac(p),
+                                                                                "big")},
                       Names.FORWARD_TO, port=p) for p in FORWARDED_PORTS]
     return entries
 
 
-# ---------------------------------------------------------------------------- frames
-def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int, offset: int,
-                      values: tuple[int, ...], exponent: int = EXPONENT_NONE, owner: int = 0,
-                      ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
-                      tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64,
-                      generation: int = 0) -> bytes:
-    """What a host on ``port`` sends to the switch (flags: the IPv4 flags/offset word)."""
-    ip = _IPV4.pack(0x45, tos, 300, ident, flags, ttl, 17, 0, host_ip(port), SWITCH_IP)
-    ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
-    header = HEADER_STRUCT.pack(ptype, version, job, worker, owner, slot, exponent, count,
-                                generation, offset)
-    return b"".join((SWITCH_MAC, host_mac(port), b"\x08\x00", ip,
-                     _UDP.pack(job_udp_port(job), BML_UDP_PORT, 280, 0), header,
-                     VALUES_STRUCT.pack(*values)))
-
-
-def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
-                 values: bytes | None, generation: int | None = None,
-                 count: int | None = None) -> bytes:
-    """What the switch sends to the host on ``port`` in answer to ``trigger`` (docs/PROTOCOL.md
-    "Framing"): its addresses, the trigger's TOS, identification, flags and BML fields, TTL 64,
-    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK, GENERATION answer
-    (which carries the job's ``generation``) or PENDING answer (the copy's ``count``)."""
-    ip_len, udp_len = (300, 280) if values is not None else (44, 24)
-    ip = _IPV4.pack(0x45, trigger[15], ip_len, int.from_bytes(trigger[18:20], "big"),
-                    int.from_bytes(trigger[20:22], "big"), 64, 17, 0, SWITCH_IP, host_ip(port))
-    ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
-    header = bytearray(trigger[42:58])
-    header[0] = ptype
-    header[8] = exponent
-    if generation is not None:
-        header[10:12] = generation.to_bytes(2, "big")
-    if count is not None:
-        header[9] = count
-    return b"".join((host_mac(port), SWITCH_MAC, b"\x08\x00", ip,
-                     _UDP.pack(BML_UDP_PORT, int.from_bytes(trigger[34:36], "big"), udp_len, 0),
-                     bytes(header), values or b""))
-
-
-def wrapping_sum(vectors: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """Lane sums as the switch's 32-bit adders make them (two's complement, wrapping)."""
-    sums = []
-    for column in zip(*vectors, strict=True):
-        sums.append((sum(column) + (1 << 31)) % (1 << 32) - (1 << 31))
-    return tuple(sums)
-
-
-# ---------------------------------------------------------------------------- expectations
-@dataclass
-class Expect:
-    """What one packet must do: counter increments and the frames that leave."""
-
-    stats: Counter = field(default_factory=Counter)
-    drops: Counter = field(default_factory=Counter)
-    unaddressed: int = 0
-    outputs: list[tuple[int, bytes]] = field(default_factory=list)
-
-
-@dataclass
-class Event:
-    """One packet: into ``port`` (CPU_PORT: a PacketOut with ``magic``); or, with
-    ``control``, no packet but the controller setting l2_forward's default entry to
-    forward_to(``l2_default``) (None: back to the program's no_route)."""
-
-    index: int
-    what: str
-    port: int
-    frame: bytes
-    expect: Expect
-    magic: int = CONTROLLER_MAGIC
-    control: bool = False
-    l2_default: int | None = None
-
-    @property
-    def kind(self) -> str:
-        """``what`` without its numbers (job, slot, use, worker): what the report tallies."""
-        return " ".join(w for w in self.what.split()
-                        if not re.fullmatch(r"[jsuw]?\d+", w)).rstrip(",")
-
-    def magic_bytes(self) -> bytes:
-        """A PacketOut's magic metadata as sent: 2 bytes, or more for a value too wide."""
-        return self.magic.to_bytes(max(2, (self.magic.bit_length() + 7) // 8), "big")
-
-    def wire(self) -> bytes:
-        """The frame as the pipeline sees it (a PacketOut's packet_out header in front)."""
-        if self.port == CPU_PORT:
-            return self.magic_bytes() + self.frame
-        return self.frame
-
-
+# ---------------------------------------------------------------------------- the sequence
 @dataclass
 class Round:
     """One use of a slot: its offset, owner and every worker's contribution."""
@@ -249,9 +129,8 @@ class Generator:
         self.previous: dict[tuple[int, int], Round] = {}
         self.ident = 0
         self.decks: dict[tuple[str, ...], list[str]] = {}
-        self.l2_default: int | None = None  # where l2_forward sends unknown destinations
         self.call_generation = {job.job_id: 0 for job in JOBS}  # what the hosts' call uses
-        self.switch_generation = {job.job_id: 0 for job in JOBS}  # the switch's register
+        self.model = SwitchModel((job.job_id for job in JOBS), ADDRESSED_PORTS)
         for job in JOBS:
             for slot in range(job.group.pool_size):
                 self.rounds[job.job_id, slot] = self._new_round(job, slot, 0)
@@ -316,65 +195,12 @@ class Generator:
              magic: int = CONTROLLER_MAGIC) -> None:
         self.events.append(Event(len(self.events), what, port, frame, expect, magic))
 
-    def _admitted(self, job: Job, generation: int, trigger: bytes, port: int) -> Expect | None:
-        """A DATA past admission meets the job's generation: a newer one becomes the job's;
-        an older one is answered with it (the Expect returned), never added."""
-        current = self.switch_generation[job.job_id]
-        if newer_generation(generation, current):
-            self.switch_generation[job.job_id] = generation
-            return None
-        if generation == current:
-            return None
-        return self._generation_answer(job, trigger, port, Stat.OLD_CALL)
-
-    def _generation_answer(self, job: Job, trigger: bytes, port: int, stat: Stat) -> Expect:
-        expect = Expect(stats=Counter({stat: 1}))
-        if port in ADDRESSED_PORTS:
-            expect.outputs.append((port, switch_frame(
-                trigger, port, PacketType.GENERATION, trigger[50], None,
-                self.switch_generation[job.job_id])))
-        else:
-            expect.unaddressed += 1
-        return expect
-
-    def _drop(self, reason: DropReason) -> Expect:
-        return Expect(drops=Counter({reason: 1}))
-
-    def _no_entry(self, frame: bytes) -> Expect:
-        """Ordinary traffic l2_forward has no entry for: its default entry decides."""
-        if self.l2_default is None:
-            return self._drop(DropReason.NO_ROUTE)
-        return Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(self.l2_default, frame)])
-
-    def _copies(self, job: Job, trigger: bytes, ptype: int, exponent: int,
-                values: bytes | None, expect: Expect, ports: list[int],
-                owner_port: int | None) -> None:
-        """Egress: every copy addressed, or counted unaddressed; ACKs to non-owners."""
-        for port in ports:
-            if port not in ADDRESSED_PORTS:
-                expect.unaddressed += 1
-                continue
-            if owner_port is not None and port != owner_port:
-                expect.outputs.append((port, switch_frame(trigger, port, PacketType.ACK,
-                                                          exponent, None)))
-            else:
-                expect.outputs.append((port, switch_frame(trigger, port, ptype, exponent,
-                                                          values)))
-
     def _answer(self, rnd: Round, trigger: bytes, ptype: int, expect: Expect,
                 ports: list[int]) -> None:
         """A completed round's sum leaves (RESULT or RESULT_RETX), or NO_OWNER drops it."""
-        job = rnd.job
-        owner_port = None
-        if job.to_owner:  # ResultRouting looks up the owner the trigger names
-            owner_port = job.workers.get(trigger[47])
-            if owner_port is None:
-                expect.drops[DropReason.NO_OWNER] += 1
-                return
-        total = wrapping_sum([rnd.values[w] for w in rnd.contributed])
-        exponent = max(rnd.exponents[w] for w in rnd.contributed)
-        self._copies(job, trigger, ptype, exponent, VALUES_STRUCT.pack(*total), expect, ports,
-                     owner_port)
+        self.model.answer(rnd.job.workers, rnd.job.to_owner,
+                          [(rnd.values[w], rnd.exponents[w]) for w in rnd.contributed],
+                          trigger, ptype, expect, ports)
 
     # ------------------------------------------------------------------ actions
     def contribute(self, job: Job | None = None) -> None:
@@ -390,7 +216,7 @@ class Generator:
         frame = self._frame(rnd, worker)
         if self.rng.random() < 0.05:  # the IPv4 checksum is not checked (docs/PROTOCOL.md)
             frame = frame[:24] + bytes([frame[24] ^ 0x5A]) + frame[25:]
-        old = self._admitted(job, rnd.generation, frame, job.workers[worker])
+        old = self.model.admitted(job.job_id, rnd.generation, frame, job.workers[worker])
         if old is not None:  # the switch is at a newer generation (after a RESET): not added
             self._add(f"old call j{job.job_id} s{slot} w{worker}", job.workers[worker], frame,
                       old)
@@ -430,7 +256,7 @@ class Generator:
             overrides["owner"] = self.rng.choice([*rnd.job.workers, 200])
         frame = self._frame(rnd, worker, self._poison() if self.rng.random() < 0.3 else None,
                             **overrides)
-        old = self._admitted(rnd.job, rnd.generation, frame, rnd.job.workers[worker])
+        old = self.model.admitted(rnd.job.job_id, rnd.generation, frame, rnd.job.workers[worker])
         if old is not None:
             expect, what = old, "old call"
         elif worker in rnd.moved:
@@ -443,12 +269,9 @@ class Generator:
         else:
             expect = Expect(stats=Counter({Stat.PENDING: 1}))
             port = rnd.job.workers[worker]
-            if port in ADDRESSED_PORTS:
-                expect.outputs.append((port, switch_frame(
-                    frame, port, PacketType.PENDING, frame[50], None,
-                    count=len(rnd.contributed))))
-            else:
-                expect.unaddressed += 1
+            self.model.deliver(expect, port, switch_frame(frame, port, PacketType.PENDING,
+                                                          frame[50], None,
+                                                          count=len(rnd.contributed)))
             what = "pending"
         self._add(f"{what} j{rnd.job.job_id} s{rnd.slot} u{rnd.use} w{worker}",
                   rnd.job.workers[worker], frame, expect)
@@ -476,13 +299,13 @@ class Generator:
                                   rnd.version, offset & 0xFFFFFFFF, self._poison(),
                                   owner=rnd.owner, generation=rnd.generation,
                                   **self._ip_fields())
-        old = self._admitted(rnd.job, rnd.generation, frame, rnd.job.workers[worker])
+        old = self.model.admitted(rnd.job.job_id, rnd.generation, frame, rnd.job.workers[worker])
         if old is not None:
             expect = old
         elif worker in rnd.contributed:
             expect = Expect(stats=Counter({Stat.DUPLICATE: 1}))
         else:
-            expect = self._drop(DropReason.STALE)
+            expect = self.model.drop(DropReason.STALE)
         self._add(f"stale j{rnd.job.job_id} s{rnd.slot} w{worker}", rnd.job.workers[worker],
                   frame, expect)
 
@@ -501,42 +324,42 @@ class Generator:
         if kind == "job":
             frame = aggregation_frame(port, UNKNOWN_JOB, worker, rnd.slot, rnd.version,
                                       rnd.offset, poison)
-            self._add("forged unknown job", port, frame, self._drop(DropReason.UNKNOWN_JOB))
+            self._add("forged unknown job", port, frame, self.model.drop(DropReason.UNKNOWN_JOB))
         elif kind == "worker":
             forged = rng.choice([w for w in (4, 5, 6, 31, 32, 200) if w not in job.workers])
             frame = self._frame(rnd, worker, poison, port=port)
             frame = frame[:46] + bytes([forged]) + frame[47:]
             self._add(f"forged worker {forged}", port, frame,
-                      self._drop(DropReason.FORGED_WORKER))
+                      self.model.drop(DropReason.FORGED_WORKER))
         elif kind == "port":
             other = rng.choice([p for p in PORTS if p != port])
             frame = self._frame(rnd, worker, poison, port=other)
-            self._add(f"wrong port {other}", other, frame, self._drop(DropReason.WRONG_PORT))
+            self._add(f"wrong port {other}", other, frame, self.model.drop(DropReason.WRONG_PORT))
         elif kind == "slot":
             frame = aggregation_frame(port, job.job_id, worker,
                                       job.group.pool_size + rng.randrange(3), rnd.version,
                                       rnd.offset, poison)
-            self._add("bad slot", port, frame, self._drop(DropReason.BAD_SLOT))
+            self._add("bad slot", port, frame, self.model.drop(DropReason.BAD_SLOT))
         elif kind == "count":
             frame = self._frame(rnd, worker, poison, count=rng.randint(65, 255))
-            self._add("bad count", port, frame, self._drop(DropReason.BAD_COUNT))
+            self._add("bad count", port, frame, self.model.drop(DropReason.BAD_COUNT))
         elif kind == "type":
             ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK, 8,
                                 255))
             frame = self._frame(rnd, worker, poison, ptype=ptype)
-            self._add(f"bad type {ptype}", port, frame, self._drop(DropReason.BAD_TYPE))
+            self._add(f"bad type {ptype}", port, frame, self.model.drop(DropReason.BAD_TYPE))
         elif kind == "version":
             frame = self._frame(rnd, worker, poison)
             frame = frame[:43] + bytes([rng.choice((2, 3, 255))]) + frame[44:]
-            self._add("bad version", port, frame, self._drop(DropReason.BAD_TYPE))
+            self._add("bad version", port, frame, self.model.drop(DropReason.BAD_TYPE))
         elif kind == "reset":
             frame = self._frame(rnd, worker, poison, ptype=PacketType.RESET)
-            self._add("reset from a port", port, frame, self._drop(DropReason.FORGED_CONTROL))
+            self._add("reset from a port", port, frame, self.model.drop(DropReason.FORGED_CONTROL))
         elif kind == "magic":
             frame = self._frame(rnd, worker, poison, ptype=rng.choice((PacketType.RESET,
                                                                         PacketType.DATA)))
             self._add("packet-out, bad magic", CPU_PORT, frame,
-                      self._drop(DropReason.FORGED_CONTROL), magic=rng.choice((0, 0xB3C1)))
+                      self.model.drop(DropReason.FORGED_CONTROL), magic=rng.choice((0, 0xB3C1)))
         elif kind == "cpu-wide":
             # A magic wider than its 16 bits: P4Runtime drops it before the pipeline, so it
             # moves nothing at all.
@@ -549,23 +372,23 @@ class Generator:
             frame = self._frame(rnd, worker, poison, ptype=rng.choice((PacketType.DATA,
                                                                         PacketType.BROADCAST)))
             self._add("packet-out, a worker's packet", CPU_PORT, frame,
-                      self._drop(DropReason.WRONG_PORT))
+                      self.model.drop(DropReason.WRONG_PORT))
         elif kind in ("cpu-tail", "cpu-short"):
             # A RESET of the round's slot that is not a whole frame: the slot is untouched.
             frame = aggregation_frame(1, job.job_id, 0, rnd.slot, 0, 0, poison,
                                       ptype=PacketType.RESET)
             if kind == "cpu-tail":
                 frame += bytes(rng.randint(1, 8))
-                expect = self._drop(DropReason.BAD_LENGTH)
+                expect = self.model.drop(DropReason.BAD_LENGTH)
             else:
                 frame = frame[:rng.randint(42, 313)]
-                expect = self._drop(DropReason.SHORT_PACKET)
+                expect = self.model.drop(DropReason.SHORT_PACKET)
             self._add(f"packet-out, reset {kind[4:]}", CPU_PORT, frame, expect)
         else:
             frame = aggregation_frame(port, UNKNOWN_JOB, 0, 0, 0, 0, poison,
                                       ptype=PacketType.RESET)
             self._add("packet-out, unknown job", CPU_PORT, frame,
-                      self._drop(DropReason.UNKNOWN_JOB))
+                      self.model.drop(DropReason.UNKNOWN_JOB))
 
     def malformed(self) -> None:
         """A contribution of an open round broken at the Ethernet, IPv4 or UDP level: either
@@ -584,35 +407,24 @@ class Generator:
         drop = None
         if kind in ("vlan", "qinq"):
             tci = rng.choice((0, rng.randrange(1 << 16))).to_bytes(2, "big")  # VID 0: priority
-            tag = (b"\x88\xa8" + tci + b"\x81\x00" + tci) if kind == "qinq" else b"\x81\x00" + tci
-            frame = frame[:12] + tag + frame[12:]
+            frame = forge.tagged(frame, tci, qinq=kind == "qinq")
         elif kind == "version":
-            frame = with_ip_checksum(frame[:14] + bytes([rng.choice((0, 5, 6, 15)) << 4 | 5])
-                                     + frame[15:])
+            frame = forge.ip_version(frame, rng.choice((0, 5, 6, 15)))
         elif kind == "ihl":  # the nibble only: the bytes after 20 are what they were
-            frame = frame[:14] + bytes([0x40 | rng.choice((0, 4, 6, 15))]) + frame[15:]
+            frame = forge.ip_ihl(frame, rng.choice((0, 4, 6, 15)))
         elif kind == "options":
-            words = rng.randint(1, 10)
-            options = b"\x01" * (4 * words - 1) + b"\x00"
-            header = bytearray(frame[14:34])
-            header[0] = 0x40 | (5 + words)
-            header[2:4] = (300 + 4 * words).to_bytes(2, "big")
-            frame = with_ip_checksum(frame[:14] + bytes(header) + options + frame[34:])
+            frame = forge.ip_options(frame, rng.randint(1, 10))
         elif kind == "mf":
-            frame = with_ip_checksum(frame[:20] + bytes([frame[20] | 0x20]) + frame[21:])
+            frame = forge.more_fragments(frame)
         elif kind == "fragment":
-            offset = rng.randint(1, 0x1FFF)
-            frame = with_ip_checksum(frame[:20] + bytes([frame[20] & 0xE0 | offset >> 8,
-                                                         offset & 0xFF]) + frame[22:])
+            frame = forge.fragment_offset(frame, rng.randint(1, 0x1FFF))
         elif kind == "proto":
-            frame = with_ip_checksum(frame[:23] + bytes([rng.choice((6, 1, 132))]) + frame[24:])
+            frame = forge.ip_protocol(frame, rng.choice((6, 1, 132)))
         elif kind == "ip-len":
-            length = rng.choice((44, 299, 301, 1500, 0))
-            frame = with_ip_checksum(frame[:16] + length.to_bytes(2, "big") + frame[18:])
+            frame = forge.ip_length(frame, rng.choice((44, 299, 301, 1500, 0)))
             drop = DropReason.BAD_LENGTH
         elif kind == "udp-len":
-            length = rng.choice((24, 279, 281, 8, 0xFFFF))
-            frame = frame[:38] + length.to_bytes(2, "big") + frame[40:]
+            frame = forge.udp_length(frame, rng.choice((24, 279, 281, 8, 0xFFFF)))
             drop = DropReason.BAD_LENGTH
         elif kind == "trailing":
             frame = frame + bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
@@ -625,14 +437,14 @@ class Generator:
         else:  # IPv4 type, not even a whole IPv4 header (BMv2's parser stops with an error)
             frame = frame[:rng.randint(14, 33)]
         if drop is not None:
-            expect = self._drop(drop)
+            expect = self.model.drop(drop)
         elif rng.random() < 0.4:  # to a host: forwarded, and not rewritten
             target = rng.choice(FORWARDED_PORTS)
             frame = host_mac(target) + frame[6:]
             expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(target, frame)])
             kind += " to a host"
         else:
-            expect = self._no_entry(frame)
+            expect = self.model.no_entry(frame)
         self._add(f"malformed {kind}", port, frame, expect)
 
     def ordinary(self) -> None:
@@ -649,10 +461,10 @@ class Generator:
         if kind == "udp":
             size = rng.choice((rng.randint(0, 300), rng.randint(1400, 8900)))  # veths: MTU 9000
             payload = bytes(rng.randrange(256) for _ in range(size))
-            udp = _UDP.pack(rng.randint(1, 65535), rng.choice((53, 40021, BML_UDP_PORT - 1)),
-                            8 + len(payload), rng.randrange(1 << 16)) + payload
-            ip = _IPV4.pack(0x45, 0, 20 + len(udp), 7, 0, 64, 17, 0, src_ip, host_ip(2))
-            frame = with_ip_checksum(dst + src_mac + b"\x08\x00" + ip + udp)
+            sport = rng.randint(1, 65535)
+            dport = rng.choice((53, 40021, BML_UDP_PORT - 1))
+            frame = udp_frame(dst, src_mac, src_ip, host_ip(2), sport, dport, payload, ident=7,
+                              udp_checksum=rng.randrange(1 << 16))
             if rng.random() < 0.3:  # a wrong IPv4 checksum: not checked, not rewritten
                 frame = frame[:24] + bytes([frame[24] ^ 0xFF]) + frame[25:]
         elif kind == "arp":
@@ -669,7 +481,7 @@ class Generator:
         if known:
             expect = Expect(stats=Counter({Stat.FORWARDED: 1}), outputs=[(dst_port, frame)])
         else:
-            expect = self._no_entry(frame)
+            expect = self.model.no_entry(frame)
         self._add(f"ordinary {kind}", src, frame, expect)
 
     def broadcast(self) -> None:
@@ -685,7 +497,7 @@ class Generator:
             **self._ip_fields(), **self._bml_fields())
         expect = Expect(stats=Counter({Stat.BROADCAST: 1}))
         others = [p for p in sorted(job.workers.values()) if p != port]
-        self._copies(job, frame, PacketType.BROADCAST, exponent, VALUES_STRUCT.pack(*values),
+        self.model.copies(frame, PacketType.BROADCAST, exponent, VALUES_STRUCT.pack(*values),
                      expect, others, None)
         self._add(f"broadcast j{job.job_id} w{worker}", port, frame, expect)
 
@@ -698,7 +510,7 @@ class Generator:
         frame = aggregation_frame(1, job.job_id, 0, slot, 0, 0, (0,) * VALUES_PER_PACKET,
                                   ptype=PacketType.RESET)
         frame = SWITCH_MAC + SWITCH_MAC + frame[12:]
-        self.switch_generation[job.job_id] = 0  # a RESET sets the job up afresh
+        self.model.generation[job.job_id] = 0  # a RESET sets the job up afresh
         if rnd.complete:
             rnd.resendable = False
         else:
@@ -720,7 +532,7 @@ class Generator:
         worker = rng.choice(sorted(job.workers))
         port = job.workers[worker]
         kind = self._deal(("query", "old", "new call"))
-        current = self.switch_generation[job.job_id]
+        current = self.model.generation[job.job_id]
         if kind == "query":
             frame = aggregation_frame(port, job.job_id, worker,
                                       rng.randrange(job.group.pool_size), rng.randint(0, 1),
@@ -728,7 +540,7 @@ class Generator:
                                       ptype=PacketType.GENERATION, exponent=rng.randrange(256),
                                       **self._ip_fields(), **self._bml_fields())
             self._add(f"generation query j{job.job_id} w{worker}", port, frame,
-                      self._generation_answer(job, frame, port, Stat.GENERATION))
+                      self.model.generation_answer(job.job_id, frame, port, Stat.GENERATION))
         elif kind == "old":
             older = (current - rng.choice((1, 2, rng.randint(1, GENERATION_HALF - 1)))) \
                 % GENERATIONS
@@ -738,7 +550,7 @@ class Generator:
                                       exponent=rng.randrange(256), generation=older,
                                       **self._ip_fields())
             self._add(f"old call j{job.job_id} w{worker}", port, frame,
-                      self._admitted(job, older, frame, port))
+                      self.model.admitted(job.job_id, older, frame, port))
         else:
             # Small steps: 16-bit generations repeat only after 65,536 of them (PTF's
             # generation.GenerationsWrapAround holds the wrap-around).
@@ -760,14 +572,14 @@ class Generator:
     def control(self) -> None:
         """The controller changes l2_forward's default entry (a P4Runtime write, no packet):
         to forward_to a port, or back to the program's no_route."""
-        if self.l2_default is None:
-            self.l2_default = self.rng.choice(PORTS)
-            what = f"control l2_forward default forward_to {self.l2_default}"
+        if self.model.l2_default is None:
+            self.model.l2_default = self.rng.choice(PORTS)
+            what = f"control l2_forward default forward_to {self.model.l2_default}"
         else:
-            self.l2_default = None
+            self.model.l2_default = None
             what = "control l2_forward default no_route"
         self.events.append(Event(len(self.events), what, 0, b"", Expect(), control=True,
-                                 l2_default=self.l2_default))
+                                 l2_default=self.model.l2_default))
 
     ACTIONS = (("contribute", 40), ("resend", 14), ("stale", 6), ("forged", 12),
                ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2),

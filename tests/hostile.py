@@ -60,30 +60,29 @@ an unknown one; frames the switch forwards unchanged to a host's MAC are the hos
 
 ``check_in_process`` runs the same frames through the software target's pipeline in this
 process (no root) and checks that each moves exactly the counter its class names.
+
+This module is the scenario, the hostile frames' generator, the push loop and the CLI; the
+frame layout is ``bml.frames``, the malformations ``tests.kit.frames``, the namespaces,
+counters and emulation ``tests.kit``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
 import random
-import re
 import socket
-import struct
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from bml.frames import ip_bytes, mac_bytes, read_header, udp_frame, udp_ports
 from bml.protocol import (
     BML_UDP_PORT,
     FRAME_BYTES,
@@ -91,20 +90,24 @@ from bml.protocol import (
     HEADER_STRUCT,
     JOB_UDP_PORT_BASE,
     MAX_WORKERS,
+    PRIMING_OFFSET,
     VALUES_BYTES,
     DropReason,
     PacketType,
     Stat,
+    generation_question,
 )
 from bml.schedule import IN_NETWORK
 from bml.topology import Topology
 from control_plane.jobs import AggregationGroup, plan_job, plan_scheduled_job
-from tests.diffgen import checksum, with_ip_checksum
+from tests.kit import frames as forge
+from tests.kit import namespaces
+from tests.kit.counters import SwitchCounters, counter_keys, key_value
+from tests.kit.targets import InProcessSwitch, emulation
 
 JOB = 1  # the job being pushed (a scheduled job: switch job ids 1 + 512 * stripe)
 OTHER_JOB = 2  # the second job, idle: hostile frames aim at its slots
 OTHER_POOL = 64
-PRIMING_OFFSET = 0xFFFFFFFF
 # Hostile frames per switch sent and not yet counted, and the pushes' window (bml-host push
 # --window), per target. BMv2 reads its ports through libpcap, whose capture ring (2 MiB of
 # slots as large as the biggest frame the port may carry) takes about 240 frames back to back
@@ -117,9 +120,6 @@ PUSH_WINDOW = {"soft": 256, "bmv2": 32}
 OLD_BY = 1000  # old calls are 1..OLD_BY generations behind the job's
 MAX_FRAME = 9014  # the emulation's veths have MTU 9000
 HOST_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET, PacketType.GENERATION)
-ADMITTED = (Stat.AGGREGATED, Stat.DUPLICATE, Stat.RETX_ANSWERED, Stat.PENDING)
-_IPV4 = struct.Struct("!BBHHHBBH4s4s")
-_UDP = struct.Struct("!HHHH")
 _IPV4_LIKE = (0x0800, 0x8100, 0x88A8, 0x9100)  # EtherTypes the random-bytes class avoids
 
 # What each class of hostile frame must move, one counter key per class: "drop:REASON",
@@ -177,35 +177,12 @@ AT_LEAST = {"drop:NO_ROUTE", "stat:OLD_CALL", "stat:GENERATION", "stat:ADMITTED"
 TRACKED = {f"drop:{r.name}" for r in DropReason} | {"stat:OLD_CALL", "stat:GENERATION"}
 
 
-def counter_keys() -> list[str]:
-    """Every key the report tabulates: each drop reason, then the stats hostile frames move."""
-    return [f"drop:{r.name}" for r in DropReason] + ["stat:OLD_CALL", "stat:GENERATION",
-                                                     "stat:ADMITTED"]
-
-
-def key_value(key: str, stats: list[int], drops: list[int]) -> int:
-    kind, name = key.split(":")
-    if kind == "drop":
-        return drops[DropReason[name]]
-    if name == "ADMITTED":
-        return sum(stats[s] for s in ADMITTED)
-    return stats[Stat[name]]
-
-
 def tracked_total(stats: list[int], drops: list[int]) -> int:
     """What every tracked hostile frame moves by one: flow control for the sender."""
     return sum(drops) + stats[Stat.OLD_CALL] + stats[Stat.GENERATION]
 
 
 # ---------------------------------------------------------------------------- the network
-def _mac(text: str) -> bytes:
-    return bytes.fromhex(text.replace(":", ""))
-
-
-def _ip(text: str) -> bytes:
-    return bytes(int(x) for x in text.split("."))
-
-
 @dataclass(frozen=True)
 class Link:
     """One server NIC and the switch port at its other end."""
@@ -228,7 +205,8 @@ def topology_links(topology: Topology,
         for nic in topology.nics(server):
             sw = topology.switch(nic.switch)
             links.append(Link(server, namespace_of(server), nic.interface, sw.name, nic.port,
-                              _mac(nic.mac), _ip(nic.ip), _mac(sw.mac), _ip(sw.ip)))
+                              mac_bytes(nic.mac), ip_bytes(nic.ip), mac_bytes(sw.mac),
+                              ip_bytes(sw.ip)))
     return links
 
 
@@ -363,15 +341,15 @@ class Generator:
         job = header["job"]
         sport = JOB_UDP_PORT_BASE + job if JOB_UDP_PORT_BASE + job < 65536 else rng.randrange(
             1024, 65536)
-        ip = _IPV4.pack(0x45, rng.choice((0, 0, 0x10, 0xB8)), ip_len, rng.randrange(65536),
-                        rng.choice((0, 0x4000)), 64, 17, 0, link.ip, link.switch_ip)
-        ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
+        tos = rng.choice((0, 0, 0x10, 0xB8))
+        ident = rng.randrange(65536)
+        flags = rng.choice((0, 0x4000))
         bml = HEADER_STRUCT.pack(header["ptype"], header["version"], job, header["worker"],
                                  header["owner"], header["slot"], header["exponent"],
                                  header["count"], header["generation"], header["offset"])
-        return b"".join((dst or link.switch_mac, link.mac, b"\x08\x00", ip,
-                         _UDP.pack(sport, dport, udp_len, 0), bml,
-                         values if values is not None else self._values()))
+        return udp_frame(dst or link.switch_mac, link.mac, link.ip, link.switch_ip, sport, dport,
+                         bml + (values if values is not None else self._values()), tos=tos,
+                         ident=ident, flags=flags, ip_length=ip_len, udp_length=udp_len)
 
     def _plausible(self, index: int) -> bytes:
         """A frame the pushed job's pipeline would take from this link if nothing were wrong
@@ -412,9 +390,7 @@ class Generator:
     def _tagged(self, index: int) -> bytes:
         frame = self._plausible(index)
         tci = self.rng.choice((0, self.rng.randrange(65536))).to_bytes(2, "big")
-        tag = b"\x81\x00" + tci if self.rng.random() < 0.7 else b"\x88\xa8" + tci + b"\x81\x00" \
-            + tci
-        return frame[:12] + tag + frame[12:]
+        return forge.tagged(frame, tci, qinq=self.rng.random() >= 0.7)
 
     def _wrong_udp_port(self, index: int) -> bytes:
         group, worker = self.rng.choice(self.own[index])
@@ -429,24 +405,16 @@ class Generator:
         frame = self._plausible(index)
         how = rng.choice(("version", "ihl", "options", "mf", "fragment", "proto"))
         if how == "version":
-            return with_ip_checksum(frame[:14] + bytes([rng.choice((0, 5, 6, 15)) << 4 | 5])
-                                    + frame[15:])
+            return forge.ip_version(frame, rng.choice((0, 5, 6, 15)))
         if how == "ihl":
-            return frame[:14] + bytes([0x40 | rng.choice((0, 4, 6, 15))]) + frame[15:]
+            return forge.ip_ihl(frame, rng.choice((0, 4, 6, 15)))
         if how == "options":
-            words = rng.randint(1, 10)
-            header = bytearray(frame[14:34])
-            header[0] = 0x40 | (5 + words)
-            header[2:4] = (300 + 4 * words).to_bytes(2, "big")
-            return with_ip_checksum(frame[:14] + bytes(header) + b"\x01" * (4 * words - 1)
-                                    + b"\x00" + frame[34:])
+            return forge.ip_options(frame, rng.randint(1, 10))
         if how == "mf":
-            return with_ip_checksum(frame[:20] + bytes([frame[20] | 0x20]) + frame[21:])
+            return forge.more_fragments(frame)
         if how == "fragment":
-            offset = rng.randint(1, 0x1FFF)
-            return with_ip_checksum(frame[:20] + bytes([frame[20] & 0xE0 | offset >> 8,
-                                                        offset & 0xFF]) + frame[22:])
-        return with_ip_checksum(frame[:23] + bytes([rng.choice((1, 6, 47, 132))]) + frame[24:])
+            return forge.fragment_offset(frame, rng.randint(1, 0x1FFF))
+        return forge.ip_protocol(frame, rng.choice((1, 6, 47, 132)))
 
     def _truncated(self, index: int) -> bytes:
         return self._plausible(index)[:self.rng.randint(42, FRAME_BYTES - 1)]
@@ -577,27 +545,20 @@ def check_in_process(spec: str, packets: int, seed: int) -> tuple[list[Hostile],
     beside what its class names (exactly: no other traffic here). Returns the frames and the
     differences (empty: the generator classifies every frame as the pipeline does)."""
     from control_plane.provision import install_group, provision_switch
-    from control_plane.session import SwitchSession
-    from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
-    from soft_target.pipeline import Pipeline
 
     topology = Topology.parse(spec)
     groups = plan_groups(topology)
     frames = Generator(topology_links(topology), groups, {}, seed).generate(packets)
-    pipelines, closers = {}, []
+    pipelines, switches = {}, []
     try:
         for sw in topology.switches:
-            pipeline = Pipeline()
-            servicer = SoftP4RuntimeServicer(pipeline, 1, lambda task: task(), lambda c: None)
-            server, port = serve(servicer, "127.0.0.1:0")
-            closers.append(lambda s=server: s.stop(0))
-            session = SwitchSession(sw.name, f"127.0.0.1:{port}", 1, timeout=10)
-            closers.append(session.close)
-            provision_switch(session, topology, sw)
+            switch = InProcessSwitch(sw.name, timeout=10)
+            switches.append(switch)
+            provision_switch(switch.session, topology, sw)
             for group in groups:
                 if group.switch == sw.name:
-                    install_group(session, sw, group)
-            pipelines[sw.name] = pipeline
+                    install_group(switch.session, sw, group)
+            pipelines[sw.name] = switch.pipeline
         links = topology_links(topology)
         differences = []
         for number, hostile in enumerate(frames):
@@ -613,76 +574,25 @@ def check_in_process(spec: str, packets: int, seed: int) -> tuple[list[Hostile],
                                    f"{hostile.key}: {hostile.frame.hex()}")
         return frames, differences
     finally:
-        for close in reversed(closers):
-            close()
+        for switch in reversed(switches):
+            switch.close()
 
 
 # ---------------------------------------------------------------------------- sockets
-_LIBC = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET = 0x40000000
-ETH_P_ALL = 0x0003
-SOL_PACKET = 263
-PACKET_IGNORE_OUTGOING = 23
-
-
-def in_netns(namespace: str, make: Callable[[], object]) -> object:
-    """``make()`` run in network namespace ``namespace`` (a thread that enters it and ends):
-    sockets it opens stay in that namespace."""
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
-            try:
-                if _LIBC.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into {namespace}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            outcome["value"] = make()
-        except BaseException as exc:  # handed to the caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"netns-{namespace}")
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]
-
-
 def send_socket(link: Link) -> socket.socket:
-    """A raw socket on the server's NIC that only sends (protocol 0: nothing is received)."""
-    def make() -> socket.socket:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        sock.bind((link.interface, 0))
-        return sock
-    return in_netns(link.namespace, make)  # type: ignore[return-value]
-
-
-def receive_socket(link: Link) -> socket.socket:
-    def make() -> socket.socket:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        sock.bind((link.interface, 0))
-        sock.settimeout(0.2)
-        return sock
-    return in_netns(link.namespace, make)  # type: ignore[return-value]
+    """A raw socket on the server's NIC that only sends."""
+    return namespaces.send_socket(link.namespace, link.interface)
 
 
 def ask_generation(link: Link, group: AggregationGroup, worker: int,
                    timeout: float = 10.0) -> int:
     """The job's generation at the switch: a GENERATION question from the worker's NIC, as a
     worker asks it; the answer is read off the NIC."""
-    question = (HEADER_STRUCT.pack(PacketType.GENERATION, 0, group.job_id, worker, 0, 0, 0, 0,
-                                   0, 0) + bytes(VALUES_BYTES))
-    ip = _IPV4.pack(0x45, 0, 300, 1, 0, 64, 17, 0, link.ip, link.switch_ip)
-    ip = ip[:10] + checksum(ip).to_bytes(2, "big") + ip[12:]
     sport = 39000 + group.job_id % 1000
-    frame = (link.switch_mac + link.mac + b"\x08\x00" + ip
-             + _UDP.pack(sport, BML_UDP_PORT, 280, 0) + question)
-    with send_socket(link) as out, receive_socket(link) as into:
+    frame = udp_frame(link.switch_mac, link.mac, link.ip, link.switch_ip, sport, BML_UDP_PORT,
+                      generation_question(group.job_id, worker), ident=1)
+    with (send_socket(link) as out,
+          namespaces.receive_socket(link.namespace, link.interface) as into):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out.send(frame)
@@ -692,44 +602,12 @@ def ask_generation(link: Link, group: AggregationGroup, worker: int,
                     got = into.recv(9216)
                 except TimeoutError:
                     continue
-                if (len(got) >= 58 and got[12:14] == b"\x08\x00" and got[23] == 17
-                        and int.from_bytes(got[34:36], "big") == BML_UDP_PORT
-                        and int.from_bytes(got[36:38], "big") == sport
-                        and got[42] == PacketType.GENERATION
-                        and int.from_bytes(got[44:46], "big") == group.job_id):
-                    return int.from_bytes(got[52:54], "big")
+                header = read_header(got)
+                if (header is not None and udp_ports(got) == (BML_UDP_PORT, sport)
+                        and header[0] == PacketType.GENERATION and header[2] == group.job_id):
+                    return header[8]
     raise RuntimeError(f"switch {group.switch} did not answer a generation question for job "
                        f"{group.job_id} from server {link.server} {link.interface}")
-
-
-# ---------------------------------------------------------------------------- counters
-class Counters:
-    """Stats and drops of every switch, read over P4Runtime (no stream, reads only)."""
-
-    def __init__(self, switches: dict[str, tuple[str, int]]) -> None:
-        from control_plane.session import SwitchSession
-
-        self.sessions = {}
-        try:
-            for name, (address, device_id) in switches.items():
-                self.sessions[name] = SwitchSession(name, address, device_id, timeout=5.0,
-                                                    stream=False)
-        except BaseException:
-            self.close()
-            raise
-
-    def read(self, name: str) -> tuple[list[int], list[int]]:
-        from control_plane.p4info import Names
-
-        session = self.sessions[name]
-        return session.read_counter(Names.STATS), session.read_counter(Names.DROPS)
-
-    def read_all(self) -> dict[str, tuple[list[int], list[int]]]:
-        return {name: self.read(name) for name in self.sessions}
-
-    def close(self) -> None:
-        for session in self.sessions.values():
-            session.close()
 
 
 # ---------------------------------------------------------------------------- sending
@@ -742,7 +620,7 @@ class SendResult:
     send_errors: int = 0
 
 
-def send_all(frames: list[Hostile], sockets: list[socket.socket], counters: Counters,
+def send_all(frames: list[Hostile], sockets: list[socket.socket], counters: SwitchCounters,
              window: int, pushing: threading.Event, stall: float = 20.0) -> SendResult:
     """Every frame into its switch, in order per switch, with at most ``window`` tracked
     frames per switch not yet counted (so none waits in a queue long enough to be lost); a
@@ -868,36 +746,12 @@ def gradients(count: int, size: int, seed: int) -> list[np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- link losses
-def _link_drops(namespace: str | None, interface: str) -> tuple[int, int]:
-    """(rx dropped, tx dropped) of an interface, from ``ip -s -j link``."""
-    command = ["ip", *(["-n", namespace] if namespace else []), "-s", "-j", "link", "show",
-               "dev", interface]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    try:
-        stats = json.loads(done.stdout)[0]["stats64"]
-    except (ValueError, IndexError, KeyError):
-        return 0, 0
-    return stats["rx"]["dropped"], stats["tx"]["dropped"]
-
-
 def link_drops(links: list[Link]) -> int:
     """Frames a server NIC could not hand to its veth peer (its TX dropped): lost before any
     switch saw them. (The switch-side end's RX dropped is no loss: the kernel counts there
     frames no protocol of its own takes, after the switch's raw socket got them.)"""
-    return sum(_link_drops(link.namespace, link.interface)[1] for link in links)
-
-
-def socket_drops(pids: list[int]) -> int:
-    """Frames the switch processes' packet sockets dropped (``ss -0 -m``: sk_drops, e.g. a
-    full receive buffer or capture ring): lost before the pipeline saw them."""
-    done = subprocess.run(["ss", "-0", "-m", "-p", "-H"], capture_output=True, text=True,
-                          check=False)
-    total = 0
-    for line in done.stdout.splitlines():
-        if any(f"pid={pid}," in line for pid in pids):
-            match = re.search(r"skmem:\(.*\bd(\d+)\)", line)
-            total += int(match.group(1)) if match else 0
-    return total
+    return sum(namespaces.interface_drops(link.namespace, link.interface)[1]
+               for link in links)
 
 
 # ---------------------------------------------------------------------------- the run
@@ -948,18 +802,6 @@ class Report:
         return "\n".join(lines)
 
 
-@contextmanager
-def _emulation(name: str, spec: str, target: str, bmv2: str | None) -> Iterator:
-    from emulation import net
-
-    net.down(name)
-    state = net.up(name, spec, target, bmv2=bmv2)
-    try:
-        yield state
-    finally:
-        net.down(name)
-
-
 def evaluate(report: Report, frames: list[Hostile], before: dict, after: dict) -> None:
     """Per switch and counter key: the increase against the hostile frames' share."""
     expected: dict[str, Counter[str]] = {name: Counter() for name in before}
@@ -997,7 +839,7 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
         report.switch_binary = net.find_bmv2(bmv2) or ""
     clock = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    with _emulation(name, spec, target, bmv2) as state:
+    with emulation(name, spec, target, bmv2) as state:
         report.seconds["up"] = time.monotonic() - clock
         topology = state.topo()
         fabric = Fabric.load(state.run_dir / "fabric.json")
@@ -1031,13 +873,13 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
         report.seconds["build frames"] = time.monotonic() - clock
 
         sockets: list[socket.socket] = []
-        counters = Counters(fabric.addresses())
+        counters = SwitchCounters(fabric.addresses())
         loop = PushLoop(state, grads, reference, workdir, extra, 300)
         try:
             sockets = [send_socket(link) for link in links]
             drops_before = link_drops(links)
             pids = [info["pid"] for info in state.switches.values()]
-            socket_drops_before = socket_drops(pids)
+            socket_drops_before = namespaces.socket_drops(pids)
             before = counters.read_all()
             loop.start()
             # Into the pushes' data: the switches are adding before the first frame goes.
@@ -1063,7 +905,7 @@ def run(spec: str, target: str, packets: int, seed: int, workdir: Path, name: st
                 after = again
             evaluate(report, frames, before, after)
             report.link_drops = link_drops(links) - drops_before
-            report.socket_drops = socket_drops(pids) - socket_drops_before
+            report.socket_drops = namespaces.socket_drops(pids) - socket_drops_before
         finally:
             loop.stop.set()
             for sock in sockets:

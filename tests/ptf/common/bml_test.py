@@ -2,8 +2,10 @@
 
 The tests speak only P4Runtime and packets, so they run unchanged against the software target
 and against simple_switch_grpc; ``tests/test_packets.py`` starts either one and runs PTF.
-Port p (1..8) has a host with MAC 02:00:00:00:00:pp and IP 10.0.0.p behind it; the switch is
-02:ff:00:00:00:01 / 10.0.255.1 on every port.
+Port p (1..8) has a host behind it and the switch has one address on every port, as
+``bml.frames`` names them for every single-switch bench (MAC 02:00:00:00:00:pp and IP 10.0.0.p;
+02:ff:00:00:00:01 / 10.0.255.1). Here they are text, as Scapy takes them. PTF runs this with
+the repository on its path (``--pypath``, and the insert below), so ``bml`` imports.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ptf.base_tests import BaseTest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from bml import frames
 from bml.protocol import (
     BML,
     BML_UDP_PORT,
@@ -39,33 +42,32 @@ from bml.protocol import (
     values_layers,
 )
 from bml.topology import Switch
+from bml.topology import ip_to_int as ip_int
+from bml.topology import mac_to_int as mac_int
 from control_plane.aggregation import reset_frames
+from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import Names
 from control_plane.provision import install_group, remove_group
-from control_plane.session import SwitchSession, entry
+from control_plane.session import SwitchSession
 
 PORTS = tuple(range(1, 9))
-SWITCH_MAC = "02:ff:00:00:00:01"
-SWITCH_IP = "10.0.255.1"
+SWITCH_MAC = frames.mac_text(frames.SWITCH_MAC)
+SWITCH_IP = frames.ip_text(frames.SWITCH_IP)
 # The switch object the control plane's frame builders need (only its addresses are used).
 SWITCH = Switch("dut", 0, 0, 1, PORTS)
 
 
+__all__ = ["PORTS", "SWITCH", "SWITCH_IP", "SWITCH_MAC", "BmlTest", "contribution", "from_switch",
+           "host_ip", "host_mac", "ip_int", "lane_sums", "mac_int", "wrap32"]
+
+
 def host_mac(port: int) -> str:
-    return f"02:00:00:00:00:{port:02x}"
+    return frames.mac_text(frames.host_mac(port))
 
 
 def host_ip(port: int) -> str:
-    return f"10.0.0.{port}"
-
-
-def mac_int(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
-
-
-def ip_int(ip: str) -> int:
-    return int.from_bytes(bytes(int(x) for x in ip.split(".")), "big")
+    return frames.ip_text(frames.host_ip(port))
 
 
 class BmlTest(BaseTest):
@@ -81,10 +83,8 @@ class BmlTest(BaseTest):
         self.session.push_pipeline()
         self.written: list = []
         self.groups: list[AggregationGroup] = []
-        self.write(*[entry(Names.HOST_ADDRESS, {"standard_metadata.egress_port": p},
-                           Names.SET_HOST_ADDRESS, host_mac=mac_int(host_mac(p)),
-                           host_ip=ip_int(host_ip(p)), switch_mac=mac_int(SWITCH_MAC),
-                           switch_ip=ip_int(SWITCH_IP)) for p in PORTS])
+        self.write(*[host_address_entry(p, frames.host_mac(p), frames.host_ip(p),
+                                        frames.SWITCH_MAC, frames.SWITCH_IP) for p in PORTS])
 
     def tearDown(self) -> None:
         for group in reversed(self.groups):
