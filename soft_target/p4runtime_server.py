@@ -24,7 +24,8 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from bml.protocol import CPU_PORT
 from control_plane.p4info import Names, P4Info, built_device_config, built_p4info
-from soft_target.pipeline import HostAddress, JobConfig, Pipeline
+from soft_target.pipeline import TABLES, Pipeline
+from soft_target.tables import Row
 
 log = logging.getLogger(__name__)
 API_VERSION = "1.4.1"
@@ -52,21 +53,14 @@ def _int(data: bytes, bitwidth: int, what: str) -> int:
     return value
 
 
-def _compile_table(name: str, rows: list[tuple[Key, str, tuple[int, ...]]]) -> dict:
-    """The pipeline's dict for one table, from (key, action name, params) rows."""
-    if name == Names.L2_FORWARD:
-        return {key[0].to_bytes(6, "big"): params[0] for key, _, params in rows}
-    if name == Names.JOB_CONFIG:
-        return {key[0]: JobConfig(*params) for key, _, params in rows}
-    if name in (Names.WORKER_ADMISSION, Names.OWNER_ROUTE):
-        return {key: params[0] for key, _, params in rows}
-    if name == Names.HOST_ADDRESS:
-        return {
-            key[0]: HostAddress(p[0].to_bytes(6, "big"), p[1].to_bytes(4, "big"),
-                                p[2].to_bytes(6, "big"), p[3].to_bytes(4, "big"))
-            for key, _, p in rows
-        }
-    raise WriteError(code_pb2.NOT_FOUND, f"table {name} is not served by the software target")
+def _compile_table(name: str, rows: list[Row]) -> dict:
+    """The pipeline's dict for one table, from (key, action name, params) rows, as the control
+    that holds the table declares it (``soft_target.pipeline.TABLES``)."""
+    table = TABLES.get(name)
+    if table is None:
+        raise WriteError(code_pb2.NOT_FOUND,
+                         f"table {name} is not served by the software target")
+    return table.compile(rows)
 
 
 def _initial_defaults(p4info: P4Info) -> dict[int, p4runtime_pb2.TableEntry]:
@@ -87,13 +81,7 @@ def _initial_defaults(p4info: P4Info) -> dict[int, p4runtime_pb2.TableEntry]:
     return defaults
 
 
-_TABLE_ATTRIBUTE = {
-    Names.L2_FORWARD: "l2_forward",
-    Names.JOB_CONFIG: "job_config",
-    Names.WORKER_ADMISSION: "worker_admission",
-    Names.OWNER_ROUTE: "owner_route",
-    Names.HOST_ADDRESS: "host_address",
-}
+_TABLE_ATTRIBUTE = {name: table.attribute for name, table in TABLES.items()}
 
 
 class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -466,12 +454,11 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             rows = [(key, *self._action(p4info, table, entry))
                     for key, entry in self.entries[table_id].items()]
             changes[_TABLE_ATTRIBUTE[table.name]] = _compile_table(table.name, rows)
-            if table.name == Names.L2_FORWARD:
-                # The only default that can change a packet's fate: the other tables' callers
-                # test hit, not the action (p4src).
+            soft = TABLES[table.name]
+            if soft.default_attribute is not None:  # a default that decides a packet's fate
                 name, params = self._action(p4info, table, self.defaults[table_id],
                                             default=True)
-                changes["l2_default"] = params[0] if name == Names.FORWARD_TO else None
+                changes[soft.default_attribute] = soft.compile_default(name, params)
         if groups_touched:
             changes["mcast_groups"] = {
                 gid: tuple(self._replica_port(r) for r in group.replicas)

@@ -1,0 +1,105 @@
+"""Which jobs exist and which worker sits on which port: the software target's twin of
+``p4src/admission.p4`` (programmed by ``control_plane/admission.py``), with its checks in the
+same order, so that a packet failing several is counted under the same drop reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bml.protocol import CPU_PORT, VALUES_PER_PACKET
+from control_plane.p4info import Names
+from soft_target.defines import (
+    DROP_BAD_COUNT,
+    DROP_BAD_LENGTH,
+    DROP_BAD_SLOT,
+    DROP_BAD_TYPE,
+    DROP_FORGED_CONTROL,
+    DROP_FORGED_WORKER,
+    DROP_UNKNOWN_JOB,
+    DROP_WRONG_PORT,
+    TYPE_BROADCAST,
+    TYPE_DATA,
+    TYPE_GENERATION,
+    TYPE_RESET,
+)
+from soft_target.parser import FULL_END, IPV4_LEN_FULL, UDP_LEN_FULL
+from soft_target.tables import Row, SoftTable, named_params, port_by_key
+
+_ACCEPTED_TYPES = (TYPE_DATA, TYPE_BROADCAST, TYPE_RESET, TYPE_GENERATION)
+_IPV4_LEN_FULL = IPV4_LEN_FULL.to_bytes(2, "big")
+_UDP_LEN_FULL = UDP_LEN_FULL.to_bytes(2, "big")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The parameters of ``set_job``, filled by the names the P4Info gives them (a renamed
+    parameter fails the table write instead of landing in the wrong field)."""
+
+    pool_base: int
+    pool_size: int
+    num_workers: int
+    result_mode: int
+    mcast_grp: int
+
+
+@dataclass
+class AdmissionTables:
+    """Admission's part of ``pipeline.Tables``."""
+
+    job_config: dict[int, JobConfig] = field(default_factory=dict)  # job_id -> set_job
+    worker_admission: dict[tuple[int, int], int] = field(default_factory=dict)  # (job, worker)
+
+
+def _compile_job_config(rows: list[Row]) -> dict[int, JobConfig]:
+    return {key[0]: JobConfig(**named_params(action, params)) for key, action, params in rows}
+
+
+TABLES = {
+    Names.JOB_CONFIG: SoftTable("job_config", _compile_job_config),
+    Names.WORKER_ADMISSION: SoftTable("worker_admission", port_by_key),
+}
+
+
+class Admission:
+    """Counts its drops into BmlIngress's ``drops``, as admission.p4 sets meta.drop_reason."""
+
+    def __init__(self, drops: list[int]) -> None:
+        self.drops = drops
+
+    def apply(self, tables: AdmissionTables, port: int, frame: bytes, from_controller: bool,
+              ptype: int, version: int, job_id: int, worker_id: int, slot: int,
+              count: int) -> JobConfig | None:
+        """The job an aggregation packet belongs to, or None when it is dropped. The frame
+        holds a whole header stack (the pipeline drops a shorter one as SHORT_PACKET, the
+        first check, before the header is unpacked); the fields are hdr.bml's."""
+        drops = self.drops
+        if len(frame) != FULL_END or frame[16:18] != _IPV4_LEN_FULL or \
+                frame[38:40] != _UDP_LEN_FULL:
+            drops[DROP_BAD_LENGTH] += 1
+            return None
+        if count > VALUES_PER_PACKET:
+            drops[DROP_BAD_COUNT] += 1
+            return None
+        if version > 1 or ptype not in _ACCEPTED_TYPES:
+            drops[DROP_BAD_TYPE] += 1
+            return None
+        job = tables.job_config.get(job_id)
+        if job is None:
+            drops[DROP_UNKNOWN_JOB] += 1
+            return None
+        if slot >= job.pool_size:
+            drops[DROP_BAD_SLOT] += 1
+            return None
+        if ptype == TYPE_RESET:
+            if port != CPU_PORT or not from_controller:
+                drops[DROP_FORGED_CONTROL] += 1
+                return None
+        else:
+            worker_port = tables.worker_admission.get((job_id, worker_id))
+            if worker_port is None:
+                drops[DROP_FORGED_WORKER] += 1
+                return None
+            if worker_port != port:
+                drops[DROP_WRONG_PORT] += 1
+                return None
+        return job

@@ -1,0 +1,74 @@
+"""Where a switch-made packet goes: the software target's twin of
+``p4src/result_routing.p4`` (programmed by ``control_plane/result_routing.py``), with
+v1model's packet replication engine, whose multicast groups only result routing uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from control_plane.p4info import Names
+from soft_target.defines import (
+    DROP_NO_OWNER,
+    MODE_TO_OWNER,
+    TYPE_GENERATION,
+    TYPE_PENDING,
+    TYPE_RESULT,
+    TYPE_RESULT_RETX,
+)
+from soft_target.parser import BML_OFF
+from soft_target.tables import SoftTable, port_by_key
+
+if TYPE_CHECKING:
+    from soft_target.admission import JobConfig
+    from soft_target.pipeline import Tables
+
+_RESULTS = (TYPE_RESULT, TYPE_RESULT_RETX)
+_TO_SENDER = (TYPE_RESULT_RETX, TYPE_GENERATION, TYPE_PENDING)
+# EgressRewrite.apply, run for all of a packet's copies at once.
+Egress = Callable[..., list[tuple[int, bytes]]]
+
+
+@dataclass
+class ResultRoutingTables:
+    """Result routing's part of ``pipeline.Tables``, with the replication engine's groups
+    (written as P4Runtime multicast group entries, not table entries)."""
+
+    owner_route: dict[tuple[int, int], int] = field(default_factory=dict)  # (job, owner) -> port
+    mcast_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)  # group -> ports
+
+
+TABLES = {
+    Names.OWNER_ROUTE: SoftTable("owner_route", port_by_key),
+}
+
+
+class ResultRouting:
+    """``egress`` is the next stage (EgressRewrite), handed every egress port at once."""
+
+    def __init__(self, drops: list[int], egress: Egress) -> None:
+        self.drops = drops
+        self.egress = egress
+
+    def apply(self, tables: Tables, frame: bytes, port: int, job: JobConfig, ptype: int,
+              exponent: int, values: bytes, generation: int | None = None,
+              count: int | None = None) -> list[tuple[int, bytes]]:
+        """A packet of type ``ptype`` (the one ingress made of ``frame``) with ``exponent``
+        and ``values`` (empty: header only). A GENERATION answer (``generation`` in it) and a
+        PENDING answer (the copy's ``count`` in it) go back to the sender, as does the answer
+        to a retransmission; the rest to the job's multicast group."""
+        owner_port = None
+        if ptype in _RESULTS and job.result_mode == MODE_TO_OWNER:
+            owner_id = frame[BML_OFF + 5]
+            owner_port = tables.owner_route.get((frame[BML_OFF + 2] << 8 | frame[BML_OFF + 3],
+                                                 owner_id))
+            if owner_port is None:
+                self.drops[DROP_NO_OWNER] += 1
+                return []
+        if ptype in _TO_SENDER:
+            egress_ports: tuple[int, ...] = (port,)
+        else:
+            egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
+        return self.egress(tables, frame, port, ptype, exponent, values, generation, count,
+                           egress_ports, owner_port)
