@@ -132,6 +132,17 @@ def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int,
                      flags=flags, ttl=ttl)
 
 
+def probe_frame(port: int, job: int, worker: int, slot: int, version: int, offset: int,
+                owner: int = 0, generation: int = 0, count: int = VALUES_PER_PACKET,
+                tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64) -> bytes:
+    """What the bench host on ``port`` sends to ask whether its contribution is in: a PROBE,
+    the header alone."""
+    header = pack_header(PacketType.PROBE, job, worker, slot, version, owner, EXPONENT_NONE,
+                         count, offset, generation)
+    return udp_frame(SWITCH_MAC, host_mac(port), host_ip(port), SWITCH_IP, job_udp_port(job),
+                     BML_UDP_PORT, header, tos=tos, ident=ident, flags=flags, ttl=ttl)
+
+
 def reset_frame(mac: bytes, ip: bytes, job: int, slot: int) -> bytes:
     """The controller's RESET of one slot (sent as a PacketOut), from and to the switch's own
     addresses, UDP from and to ``BML_UDP_PORT``; IPv4 identification and checksum zero (the

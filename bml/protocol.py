@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import struct
 
+import numpy as np
 from scapy.fields import (
     ByteEnumField,
     ByteField,
@@ -61,6 +62,9 @@ class PacketType(enum.IntEnum):
     GENERATION = 7  # host: which generation is the job at? switch (header only): this one
     PENDING = 8  # switch (header only): a re-sent contribution is already in its copy, which
     # still waits for others; ``count`` is the copy's contributions so far
+    PROBE = 9  # host (header only): is my contribution to this use of the slot in? Answered
+    # RESULT_RETX (the copy is complete), PENDING (in, still filling) or MISSING
+    MISSING = 10  # switch (header only): the probed contribution is not in the copy
 
 
 class ResultMode(enum.IntEnum):
@@ -81,6 +85,7 @@ class Stat(enum.IntEnum):
     GENERATION = 7  # a generation query answered
     OLD_CALL = 8  # a contribution of an older call: not added, answered with the generation
     PENDING = 9  # a re-sent contribution into the filling copy it is in: answered PENDING
+    MISSING = 10  # a PROBE for a contribution the copy does not hold: answered MISSING
 
 
 class DropReason(enum.IntEnum):
@@ -108,6 +113,10 @@ HEADER_STRUCT = struct.Struct("!BBHBBHBBHI")
 HEADER_BYTES = HEADER_STRUCT.size  # 16
 VALUES_BYTES = 4 * VALUES_PER_PACKET
 VALUES_STRUCT = struct.Struct(f"!{VALUES_PER_PACKET}i")
+LANE_DTYPE = np.dtype(">i4")  # the lanes as numpy reads and writes them on the wire
+ZERO_LANES = bytes(VALUES_BYTES)
+# Answers that end a worker's use of a slot (an ACK: the sum went to the chunk's owner).
+RESULT_TYPES = frozenset((PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK))
 PAYLOAD_BYTES = HEADER_BYTES + VALUES_BYTES  # UDP payload of a full aggregation packet
 ETH_IP_UDP_BYTES = 14 + 20 + 8
 FRAME_BYTES = ETH_IP_UDP_BYTES + PAYLOAD_BYTES  # 314 bytes on the wire (without FCS)
@@ -192,6 +201,12 @@ def unpack_header(payload: bytes | memoryview) -> tuple[int, ...]:
     """(type, version, job_id, worker_id, owner_id, slot, exponent, count, generation,
     offset)."""
     return HEADER_STRUCT.unpack_from(payload, 0)
+
+
+def probe_of(frame: bytes) -> bytes:
+    """The header-only PROBE for a DATA frame: it asks whether that contribution is in its
+    slot copy, for a fifth of the frame's bytes."""
+    return bytes((PacketType.PROBE,)) + frame[1:HEADER_BYTES]
 
 
 def generation_question(job: int, worker: int) -> bytes:

@@ -54,9 +54,12 @@ from bml.protocol import (
     GENERATIONS,
     HEADER_BYTES,
     HEADER_STRUCT,
+    LANE_DTYPE,
     PAYLOAD_BYTES,
     PRIMING_OFFSET,
+    RESULT_TYPES,
     VALUES_PER_PACKET,
+    ZERO_LANES,
     PacketType,
     generation_question,
     newer_generation,
@@ -86,10 +89,6 @@ from hosts.recovery import (
     switch_down,
 )
 from hosts.stats import CallStats
-
-_BE = np.dtype(">i4")
-_ZEROS = bytes(4 * VALUES_PER_PACKET)
-_RESULTS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
 
 class SwitchChannel(SlotWindow):
@@ -142,10 +141,10 @@ class SwitchChannel(SlotWindow):
             return HEADER_STRUCT.pack(
                 PacketType.DATA, use & 1, self.job, self.me, owner, slot,
                 int(call.exponents[block]), call.valid_count(block), call.generation,
-                block * VALUES_PER_PACKET) + call.acc[block].astype(_BE).tobytes()
+                block * VALUES_PER_PACKET) + call.acc[block].astype(LANE_DTYPE).tobytes()
         # flush: every slot ends on an even number of uses
         return HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
-                                  EXPONENT_NONE, 0, call.generation, PRIMING_OFFSET) + _ZEROS
+                                  EXPONENT_NONE, 0, call.generation, PRIMING_OFFSET) + ZERO_LANES
 
     def _expects(self, version: int, slot: int, offset: int, generation: int) -> int | None:
         """The sequence number of the use an answer with these fields is for, if it is the
@@ -159,10 +158,15 @@ class SwitchChannel(SlotWindow):
         expected = self.blocks[seq] * VALUES_PER_PACKET if seq < self.count else PRIMING_OFFSET
         return seq if offset == expected else None
 
-    def on_pending_frame(self, now: float, version: int, slot: int, offset: int,
+    def on_pending_frame(self, now: float, ptype: int, version: int, slot: int, offset: int,
                          generation: int) -> None:
-        if self._expects(version, slot, offset, generation) is not None:
+        """A PENDING or MISSING answer: this worker's contribution is in, or is not."""
+        if self._expects(version, slot, offset, generation) is None:
+            return
+        if ptype == PacketType.PENDING:
             self.on_pending(now, slot)
+        else:
+            self.on_missing(now, slot)
 
     def on_result(self, now: float, ptype: int, version: int, slot: int, offset: int,
                   generation: int, data: bytes | bytearray | memoryview) -> None:
@@ -175,7 +179,7 @@ class SwitchChannel(SlotWindow):
             return  # the owner needs the values
         self.answered(now, slot)
         if block >= 0 and mine:
-            values = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
+            values = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
                                    offset=HEADER_BYTES)
             self.call.reduced(self.stripe, self.level, block, values)
         if not self.finished(slot):
@@ -655,7 +659,7 @@ class Call:
         self.send_frame(dim, HEADER_STRUCT.pack(
             PacketType.BROADCAST, 0, stripe_job_id(self.plan.job, p), self.me[dim], 0, 0,
             int(self.exponents[block]), self.valid_count(block), self.generation,
-            block * VALUES_PER_PACKET) + self.acc[block].astype(_BE).tobytes())
+            block * VALUES_PER_PACKET) + self.acc[block].astype(LANE_DTYPE).tobytes())
         self.stats.broadcasts += 1
         self.broadcast_left[(p, j)] -= 1
         if self.broadcast_left[(p, j)] == 0:
@@ -687,7 +691,7 @@ class Call:
                 self.messages_left[key] -= 1
                 if self.messages_left[key] == 0:
                     last = min(stop, first + MESSAGE_BLOCKS)
-                    payload = self.acc[first:last].astype(_BE).tobytes()
+                    payload = self.acc[first:last].astype(LANE_DTYPE).tobytes()
                     for peer in peers:
                         self.send_message(peer, kind, p, j, first, last - first, payload)
                 return
@@ -721,17 +725,17 @@ class Call:
                     and offset % VALUES_PER_PACKET == 0
                     and self.layout.stripe(p)[0] <= block < self.layout.stripe(p)[1]
                     and level in self.rs_dims[p]):
-                values = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
+                values = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
                                        offset=HEADER_BYTES)
                 self._finalise(p, block, values)
-        elif ptype in _RESULTS:
+        elif ptype in RESULT_TYPES:
             channel = self.channels.get((p, level))
             if channel is not None:
                 channel.on_result(self.now, ptype, version, slot, offset, generation, data)
-        elif ptype == PacketType.PENDING:
+        elif ptype == PacketType.PENDING or ptype == PacketType.MISSING:
             channel = self.channels.get((p, level))
             if channel is not None:
-                channel.on_pending_frame(self.now, version, slot, offset, generation)
+                channel.on_pending_frame(self.now, ptype, version, slot, offset, generation)
         self._maybe_done()
 
     def _on_message(self, key: PeerKey, message: tuple) -> None:
@@ -748,7 +752,7 @@ class Call:
         if kind in (Kind.CONTRIB, Kind.FINAL):
             if p >= self.topology.k or start + count > self.blocks:
                 return
-            values = np.frombuffer(payload, dtype=_BE).reshape(-1, VALUES_PER_PACKET)[:count]
+            values = np.frombuffer(payload, dtype=LANE_DTYPE).reshape(-1, VALUES_PER_PACKET)[:count]
             if kind == Kind.CONTRIB:
                 if (p, j) not in self.incount:
                     return
@@ -772,7 +776,7 @@ class Call:
                     for block in range(start_, stop, MESSAGE_BLOCKS):
                         end = min(stop, block + MESSAGE_BLOCKS)
                         self.send_message(key, Kind.FINAL, p, j, block, end - block,
-                                          self.acc[block:end].astype(_BE).tobytes())
+                                          self.acc[block:end].astype(LANE_DTYPE).tobytes())
 
     # --- timers --------------------------------------------------------------------------
     def _on_timer(self) -> None:

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                    f" resumed_at={stats.replans[-1].resumed_at:.3f}")
     print(f"bml-host: job={args.job} rank={rank} elements={gradient.size} "
           f"seconds={stats.seconds:.3f} goodput={goodput:.1f}Mbit/s {counts} "
-          f"retransmissions={stats.retransmissions} pending={stats.pending} "
+          f"retransmissions={stats.retransmissions} probes={stats.probes} pending={stats.pending} "
           f"schedule={schedule} "
           f"nic_bytes={nic_bytes}")
     return 0

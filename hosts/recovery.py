@@ -7,6 +7,12 @@ presumed lost and re-sent, and how many re-sends a NIC may spend (``NicState``,
 ``resend_overdue``). The BCube call's ``SwitchChannel`` (``hosts/call.py``) and the one-NIC
 call (``hosts/single.py``) are both ``SlotWindow``s: they say what a slot's next frame holds
 and what an answer means; when to send again is decided here, once.
+
+What to send again is decided here too. A slot waits as often for a co-worker's lost
+contribution as for this worker's, and from here the two look alike; so the first recovery of
+a use is a header-only PROBE (a fifth of the frame), which the switch answers with the sum
+(RESULT_RETX), PENDING (in; the copy waits for the others) or MISSING (lost: the frame goes
+again at once). A probe with no answer is followed by the frame itself, and so on in turn.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bml.protocol import probe_of
+
 RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
@@ -25,10 +33,11 @@ RTO_INITIAL = 0.05  # s, before any answer
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
 # A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
-# others) is not re-sent again before this many timeouts (doubling with every further
-# PENDING): only if the final answer is lost on its way does the switch need to hear from
-# this worker again.
-PENDING_FALLBACK = 2
+# others) is asked again (a PROBE: header only, so cheap) this many timeouts after each
+# PENDING, without back-off: only if the final answer is lost on its way does the switch need
+# to hear from this worker again, and then every timeout waited holds the slot, and the
+# co-workers' next use of it, for nothing.
+PENDING_FALLBACK = 1
 OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
 # Timeouts without any answer before a window that still has uses to send presumes its
 # frames in flight lost. Mid-call a loss shows as a later frame answered first (RACK's rule);
@@ -41,7 +50,7 @@ SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch i
 # ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
 # default build) may take seconds to work through the first window of every member.
 FIRST_ANSWER_DEADLINE = 10.0
-GENERATION_ASK_EVERY = 0.2  # s between GENERATION questions at a call's start
+GENERATION_ASK_EVERY = 0.05  # s between GENERATION questions at a call's start: a lost one's cost
 
 
 @dataclass
@@ -149,6 +158,7 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None]) -> bool:
 
 class ResendCounters(Protocol):
     retransmissions: int
+    probes: int
     pending: int
     resent: dict[str, int]
 
@@ -168,13 +178,13 @@ class SlotWindow:
 
     ``in_order``: every member sends the same sequence in the same order, so a frame of this
     worker's sent later and answered sooner says the earlier one is lost (RACK's evidence
-    then waits one timeout, else ``OUT_OF_ORDER_WAIT``). ``probe_first``: the members start
+    then waits one timeout, else ``OUT_OF_ORDER_WAIT``). ``one_slot_first``: the members start
     on their own (nothing synchronised them), so until the first answer only the first slot
-    is re-sent, as a probe, and the first answer restarts every slot's timer."""
+    is re-sent, and the first answer restarts every slot's timer."""
 
     def __init__(self, nic: NicState, window: int, total_uses: list[int], in_flight: int,
                  now: float, emit: Callable[[bytes], None], counters: ResendCounters,
-                 in_order: bool = True, probe_first: bool = False) -> None:
+                 in_order: bool = True, one_slot_first: bool = False) -> None:
         self.nic = nic
         self.window = window
         self.total_uses = total_uses
@@ -186,13 +196,14 @@ class SlotWindow:
         self.first_sent = [0.0] * window
         self.last_sent = [0.0] * window
         self.retries = [0] * window
-        self.pending = bytearray(window)  # PENDING answers to the use in flight
+        self.pending = bytearray(window)  # 1: the use in flight was answered PENDING
+        self.probe_next = bytearray(window)  # 1: the slot's next recovery is a PROBE
         self.open_slots = sum(1 for u in total_uses if u)
         self.sends: deque[float] = deque()  # send times of the frames presumed in the queue
         self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
         self.answered_sent = 0.0  # the latest send time of a frame answered so far
         self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
-        self.probe_first = probe_first
+        self.one_slot_first = one_slot_first
         self.answers = 0
         self.last_answer = now
 
@@ -222,6 +233,7 @@ class SlotWindow:
         self.first_sent[slot] = self.last_sent[slot] = now
         self.retries[slot] = 0
         self.pending[slot] = 0
+        self.probe_next[slot] = 1
         self.sends.append(now)
         self.emit(frame)
 
@@ -236,12 +248,16 @@ class SlotWindow:
         checked it is that use), and waits for others: no more re-sends of it until the
         fallback (``overdue``)."""
         self._passed(self.last_sent[slot])
-        self.last_sent[slot] = self.last_answer = now  # the fallback runs from the answer
+        # The fallback runs from the answer. Not an answer that ends a use: it leaves
+        # last_answer, so slots of this worker's that wait unanswered while the others are
+        # PENDING still count as stalled.
+        self.last_sent[slot] = now
         self.release(now)
+        self.probe_next[slot] = 1  # in: the fallback only asks whether the answer was lost
         if not self.pending[slot]:
             self.nic.refund()  # the first one only: later ones are the fallback's
             self.counters.pending += 1
-        self.pending[slot] = min(self.pending[slot] + 1, 3)  # the fallback doubles twice
+        self.pending[slot] = 1
 
     def answered(self, now: float, slot: int) -> None:
         """The slot's use in flight was answered (the caller checked it is that use and took
@@ -251,7 +267,7 @@ class SlotWindow:
             self.nic.rto.sample(now - self.first_sent[slot])
             self.answered_sent = max(self.answered_sent, self.first_sent[slot])
         self._passed(self.last_sent[slot])
-        if self.probe_first and not self.answers:
+        if self.one_slot_first and not self.answers:
             # The first answer: every member is up now. Timers that ran while they were
             # starting restart, instead of all firing at once.
             self.last_sent = [now] * self.window
@@ -274,8 +290,8 @@ class SlotWindow:
         answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop; while
         the window still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
         doubling per retry from the second (per-slot back-off). A slot answered
-        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling with further
-        PENDINGs (twice at most). ``draining``: ``self.draining()``, which the caller has."""
+        PENDING ``PENDING_FALLBACK`` timeouts after that answer. ``draining``:
+        ``self.draining()``, which the caller has."""
         rto = self.nic.rto
         base, cap = rto.value, rto.cap
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
@@ -284,15 +300,14 @@ class SlotWindow:
         stalled = now - self.last_answer > silence
         overdue = []
         frames = self.frames
-        if self.probe_first and not self.answers:
-            frames = frames[:1]  # the others may not have started: probe with one slot
+        if self.one_slot_first and not self.answers:
+            frames = frames[:1]  # the others may not have started: try one slot
         for slot, frame in enumerate(frames):
             if frame is None:
                 continue
             sent = last_sent[slot]
             if pending[slot]:
-                # Doubling twice at most: a slot whose answer is lost must not wait long.
-                wait = min(cap, base) * PENDING_FALLBACK * (1 << (pending[slot] - 1))
+                wait = min(cap, base) * PENDING_FALLBACK
                 why = "pending"
             elif sent < answered_sent:
                 # Lost, all but surely (a frame sent after it has come back): no back-off, as
@@ -311,13 +326,28 @@ class SlotWindow:
                 overdue.append((sent, self, slot, why))
         return overdue
 
+    def on_missing(self, now: float, slot: int) -> None:
+        """The switch does not hold this worker's contribution to the slot's use in flight
+        (the caller checked it is that use): it was lost, so it goes again now."""
+        self._passed(self.last_sent[slot])
+        self.probe_next[slot] = 0
+        self.resend(slot, now, "missing")
+
     def resend(self, slot: int, now: float, why: str) -> None:
-        self.sends.append(now)
+        """Recover the slot's use in flight: a PROBE or the frame itself, in turn."""
         self.last_sent[slot] = now
         self.retries[slot] += 1
+        frame = self.frames[slot]
+        if self.probe_next[slot]:
+            self.probe_next[slot] = 0
+            self.counters.probes += 1
+            self.emit(probe_of(frame))
+            return
+        self.probe_next[slot] = 1
+        self.sends.append(now)
         self.counters.retransmissions += 1
         self.counters.resent[why] += 1
-        self.emit(self.frames[slot])
+        self.emit(frame)
 
     def waiting(self) -> int:
         return sum(1 for frame in self.frames if frame is not None)
@@ -344,7 +374,7 @@ def resend_overdue(nic: NicState, windows: list[SlotWindow], now: float) -> None
     ending = all(draining)
     rto = nic.rto.value
     for _sent, window, slot, why in overdue:
-        if not ending:
+        if not ending and not window.probe_next[slot]:  # a probe costs no budget
             if nic.budget >= 1:
                 nic.budget -= 1
             elif now - nic.last_forced > rto:

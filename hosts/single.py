@@ -20,7 +20,7 @@ priming; later it means another run of the job took over, and the call fails.
 
 Loss recovery and the switch watch are the BCube call's (``hosts/recovery.py``); the workers
 start on their own here (no exponent exchange synchronises them), so until the first answer
-only one slot is re-sent, as a probe. Every wait is bounded: the priming round by
+only one slot is re-sent. Every wait is bounded: the priming round by
 ``start_timeout``, the whole call by ``timeout``. The driver is the engine's loop
 (``hosts/loop.py``); this class is what ``Call`` is for the BCube executor.
 """
@@ -38,9 +38,12 @@ from bml.protocol import (
     GENERATIONS,
     HEADER_BYTES,
     HEADER_STRUCT,
+    LANE_DTYPE,
     PAYLOAD_BYTES,
     PRIMING_OFFSET,
+    RESULT_TYPES,
     VALUES_PER_PACKET,
+    ZERO_LANES,
     PacketType,
     generation_question,
     length_lanes,
@@ -56,10 +59,6 @@ from hosts.recovery import (
     switch_down,
 )
 from hosts.stats import CallStats
-
-_BE = np.dtype(">i4")
-_ZEROS = bytes(4 * VALUES_PER_PACKET)
-_ANSWERS = (PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK)
 
 
 class Phase(enum.Enum):
@@ -77,7 +76,7 @@ class InBandWindow(SlotWindow):
         uses = [1 + -(-(call.chunks - s) // window) for s in range(window)]
         super().__init__(call.nic, window, [u + (u & 1) for u in uses], window, now,
                          lambda frame: call.send_frame(0, frame), call.stats,
-                         in_order=True, probe_first=True)
+                         in_order=True, one_slot_first=True)
         self.call = call
         self.next_exponent = [EXPONENT_NONE] * window  # the max exponent of the next chunk
 
@@ -95,7 +94,7 @@ class InBandWindow(SlotWindow):
         version, job, me, generation = use & 1, call.job, call.worker, call.generation
         chunk = self.chunk(slot)
         if chunk == -1:
-            lanes = _ZEROS
+            lanes = ZERO_LANES
             if slot == 0:
                 lanes = struct.pack(f"!{VALUES_PER_PACKET}i", *length_lanes(call.length),
                                     *[0] * (VALUES_PER_PACKET - 8))
@@ -104,7 +103,7 @@ class InBandWindow(SlotWindow):
                                       PRIMING_OFFSET) + lanes
         if chunk == -2:
             return HEADER_STRUCT.pack(PacketType.DATA, version, job, me, 0, slot,
-                                      EXPONENT_NONE, 0, generation, PRIMING_OFFSET) + _ZEROS
+                                      EXPONENT_NONE, 0, generation, PRIMING_OFFSET) + ZERO_LANES
         e_max = self.next_exponent[slot]
         if call.own_exponents[chunk] > e_max:
             raise TransportError(
@@ -271,11 +270,14 @@ class SingleSwitchCall:
         if ptype == PacketType.PENDING:
             slots.on_pending(self.now, slot)
             return
-        if ptype not in _ANSWERS or len(data) < PAYLOAD_BYTES:
+        if ptype == PacketType.MISSING:
+            slots.on_missing(self.now, slot)
+            return
+        if ptype not in RESULT_TYPES or len(data) < PAYLOAD_BYTES:
             return
         chunk = slots.chunk(slot)
         if chunk >= 0:
-            self.sums[chunk] = np.frombuffer(data, dtype=_BE, count=VALUES_PER_PACKET,
+            self.sums[chunk] = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
                                              offset=HEADER_BYTES)
             self.max_exponents[chunk] = slots.next_exponent[slot]
             self.done_chunks += 1

@@ -23,12 +23,13 @@ class Replan:
 class CallStats:
     seconds: float = 0.0
     frames_sent: int = 0
-    retransmissions: int = 0
-    pending: int = 0  # re-sent slots the switch answered PENDING (contribution already in)
-    # Re-sends by why the slot was overdue: a frame sent after it was answered (RACK), no
-    # answer at all for a timeout (stalled), a PENDING slot's fallback.
+    retransmissions: int = 0  # frames sent again
+    probes: int = 0  # header-only PROBEs: is my contribution in?
+    pending: int = 0  # slots the switch answered PENDING (contribution already in)
+    # Frames sent again by why: a frame sent after it was answered (RACK), no answer at all
+    # for a timeout (stalled), a PENDING slot's fallback, a probe answered MISSING.
     resent: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending"), 0))
+        default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending", "missing"), 0))
     broadcasts: int = 0
     repairs_asked: int = 0
     stream_bytes: int = 0

@@ -32,22 +32,31 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         size = 4096;
     }
     apply {
-        // An aggregation packet is exactly one full frame: IPv4 and UDP lengths and the
-        // frame's own length must all say so (no trailing bytes).
+        // An aggregation packet is exactly one full frame, and a PROBE exactly the header:
+        // IPv4 and UDP lengths and the frame's own length must all say so (no trailing
+        // bytes).
+        bool probe = hdr.bml.isValid() && hdr.bml.type == TYPE_PROBE;
+        bit<16> ipv4_len = IPV4_LEN_FULL;
+        bit<16> udp_len = UDP_LEN_FULL;
         bit<32> frame_bytes = FRAME_BYTES;
-        if (hdr.packet_out.isValid()) {
-            frame_bytes = FRAME_BYTES + PACKET_OUT_BYTES;
+        if (probe) {
+            ipv4_len = IPV4_LEN_HEADER_ONLY;
+            udp_len = UDP_LEN_HEADER_ONLY;
+            frame_bytes = HEADER_ONLY_FRAME_BYTES;
         }
-        if (!hdr.bml.isValid() || !hdr.hi.isValid()) {
+        if (hdr.packet_out.isValid()) {
+            frame_bytes = frame_bytes + PACKET_OUT_BYTES;
+        }
+        if (!hdr.bml.isValid() || (!probe && !hdr.hi.isValid())) {
             meta.drop_reason = DROP_SHORT_PACKET;
-        } else if (hdr.ipv4.totalLen != IPV4_LEN_FULL || hdr.udp.length != UDP_LEN_FULL ||
+        } else if (hdr.ipv4.totalLen != ipv4_len || hdr.udp.length != udp_len ||
                    standard_metadata.packet_length != frame_bytes) {
             meta.drop_reason = DROP_BAD_LENGTH;
         } else if (hdr.bml.count > VALUES_PER_PACKET) {
             meta.drop_reason = DROP_BAD_COUNT;
         } else if (hdr.bml.version > 1 || (hdr.bml.type != TYPE_DATA &&
                    hdr.bml.type != TYPE_BROADCAST && hdr.bml.type != TYPE_RESET &&
-                   hdr.bml.type != TYPE_GENERATION)) {
+                   hdr.bml.type != TYPE_GENERATION && hdr.bml.type != TYPE_PROBE)) {
             meta.drop_reason = DROP_BAD_TYPE;
         } else if (!job_config.apply().hit) {
             meta.drop_reason = DROP_UNKNOWN_JOB;

@@ -72,7 +72,10 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
 
                 if ((bitmap & me) != 0) {
                     if (count == meta.num_workers && stored_offset == hdr.bml.offset) {
-                        // A retransmission into a completed copy: send the stored sum back.
+                        // A retransmission (or a PROBE, which carries no lanes) into a
+                        // completed copy: send the stored sum back.
+                        hdr.lo.setValid();
+                        hdr.hi.setValid();
                         FOR_LANES(LANE_LOAD)
                         max_exponent.read(hdr.bml.exponent, idx);
                         hdr.bml.type = TYPE_RESULT_RETX;
@@ -91,6 +94,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         meta.stat = STAT_DUPLICATE;
                         meta.consumed = 1;
                     }
+                } else if (hdr.bml.type == TYPE_PROBE) {
+                    // The prober's contribution is not in this copy: it was lost on its way,
+                    // and the prober sends it again at once (header only, with the count).
+                    hdr.bml.type = TYPE_MISSING;
+                    hdr.bml.count = count;
+                    meta.stat = STAT_MISSING;
                 } else if (bitmap != 0 && stored_offset != hdr.bml.offset) {
                     meta.drop_reason = DROP_STALE;
                 } else if (count == meta.num_workers && stored_offset == hdr.bml.offset) {

@@ -1,7 +1,7 @@
 // Where a switch-made packet goes: a completed sum to the job's multicast group (in
 // MODE_TO_OWNER egress turns the non-owners' copies into header-only ACKs), the answer to a
-// retransmission, a generation or a PENDING answer back to that worker only, a broadcast to
-// the group.
+// retransmission, a generation, a PENDING or a MISSING answer back to that worker only, a
+// broadcast to the group.
 #ifndef BML_RESULT_ROUTING_P4
 #define BML_RESULT_ROUTING_P4
 
@@ -22,7 +22,8 @@ control ResultRouting(inout headers_t hdr, inout metadata_t meta,
         meta.generated = 1;
         meta.origin_port = standard_metadata.ingress_port;
         meta.reply_port = hdr.udp.srcPort;
-        if (hdr.bml.type == TYPE_GENERATION || hdr.bml.type == TYPE_PENDING) {
+        if (hdr.bml.type == TYPE_GENERATION || hdr.bml.type == TYPE_PENDING ||
+                hdr.bml.type == TYPE_MISSING) {
             standard_metadata.egress_spec = standard_metadata.ingress_port;
         } else if (hdr.bml.type != TYPE_BROADCAST && meta.result_mode == MODE_TO_OWNER &&
                 !owner_route.apply().hit) {

@@ -228,18 +228,19 @@ class _SwitchNode:
 class _Segment:
     __slots__ = ("backoff", "seq", "size")
 
-    def __init__(self, seq: int, size: int) -> None:
-        self.seq, self.size, self.backoff = seq, size, MIN_RTO
+    def __init__(self, seq: int, size: int, backoff: float) -> None:
+        self.seq, self.size, self.backoff = seq, size, backoff
 
 
 class _Connection:
     """One TCP connection along fixed hops: segments in order, a window of bytes in flight."""
 
-    __slots__ = ("ack_delay", "early", "expected", "in_flight", "messages", "next_seq", "path",
-                 "unacked", "waiting")
+    __slots__ = ("ack_delay", "early", "expected", "in_flight", "messages", "min_rto",
+                 "next_seq", "path", "unacked", "waiting")
 
-    def __init__(self, path: list[tuple[_Link, LinkDirection]], ack_delay: float) -> None:
-        self.path, self.ack_delay = path, ack_delay
+    def __init__(self, path: list[tuple[_Link, LinkDirection]], ack_delay: float,
+                 min_rto: float) -> None:
+        self.path, self.ack_delay, self.min_rto = path, ack_delay, min_rto
         self.next_seq = self.expected = self.in_flight = self.unacked = 0
         self.early: set[int] = set()  # sequence numbers arrived ahead of a missing one
         self.messages: deque[tuple[int, Callable[[], None]]] = deque()  # (last seq, callback)
@@ -403,7 +404,7 @@ class Network:
                 (dst, m)]
 
     def send_stream(self, hops: list[tuple[int, int]], size: int,
-                    on_arrival: Callable[[], None]) -> None:
+                    on_arrival: Callable[[], None], min_rto: float = MIN_RTO) -> None:
         """A message of ``size`` bytes on the TCP connection along ``hops`` (pairs of links
         through a switch; a relay server forwards from one pair to the next, in no time).
 
@@ -413,15 +414,18 @@ class Network:
         share every FIFO with frames but are never tail-dropped. A switch forwards them
         without its pipeline (the l2 path, which the packet tests cover), but only alive and
         holding the next NIC's l2 entry. A lost segment is re-sent from the source after
-        max(MIN_RTO, 4 x the path's queueing); one that meets a down link or a switch that
-        cannot forward is re-sent after MIN_RTO, doubling to MAX_BACKOFF, until the path is
-        back. ``on_arrival`` runs when the message's last segment is in, in order."""
+        max(``min_rto``, 4 x the path's queueing); one that meets a down link or a switch that
+        cannot forward is re-sent after ``min_rto``, doubling to MAX_BACKOFF, until the path
+        is back. ``min_rto``: the connection's least retransmission timeout, as its sockets
+        set it (fixed when the connection is made). ``on_arrival`` runs when the message's
+        last segment is in, in order."""
         key = tuple(hops)
-        connection = self._connections.get(key) or self._connect(key)
+        connection = self._connections.get(key) or self._connect(key, min_rto)
         count = max(1, -(-size // SEGMENT_PAYLOAD))
         for index in range(count):
             segment_size = min(SEGMENT_PAYLOAD, size - index * SEGMENT_PAYLOAD)
-            connection.waiting.append(_Segment(connection.next_seq, segment_size))
+            connection.waiting.append(_Segment(connection.next_seq, segment_size,
+                                               connection.min_rto))
             connection.next_seq += 1
         connection.messages.append((connection.next_seq - 1, on_arrival))
         connection.unacked += size
@@ -444,7 +448,7 @@ class Network:
         connection = self._connections.get(tuple(hops))
         return connection.unacked if connection else 0
 
-    def _connect(self, hops: tuple[tuple[int, int], ...]) -> _Connection:
+    def _connect(self, hops: tuple[tuple[int, int], ...], min_rto: float) -> _Connection:
         if len(hops) < 2 or len(hops) % 2:
             raise ValueError(f"stream hops {hops}: pairs of links through a switch expected")
         k = self.topology.k
@@ -457,7 +461,8 @@ class Network:
                 raise ValueError(f"stream hops {hops}: {hops[i - 1]} and {hops[i]} are not one "
                                  "relay server's links")
         path = [(link, link.down if i % 2 else link.up) for i, link in enumerate(links)]
-        connection = self._connections[hops] = _Connection(path, len(path) * self.shape.delay)
+        connection = self._connections[hops] = _Connection(path, len(path) * self.shape.delay,
+                                                           min_rto)
         return connection
 
     def _pump(self, connection: _Connection) -> None:
@@ -491,7 +496,7 @@ class Network:
             direction.lost += 1
             self._note(LOST, link)
             queueing = sum(max(0.0, d.busy_until - now) for _, d in connection.path)
-            self.clock._push(now + max(MIN_RTO, 4 * queueing), self._enter,
+            self.clock._push(now + max(connection.min_rto, 4 * queueing), self._enter,
                              (connection, segment, 0))
             return None
         arrival = end + shape.delay

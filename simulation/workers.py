@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bml.protocol import job_udp_port
+from bml.schedule import mesh_is_control_only
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
-from hosts.mesh import abort_message, decode_message
+from hosts.mesh import CONTROL_RTO_MIN_US, abort_message, decode_message
 from hosts.recovery import NicState
 from hosts.stats import CallStats, Replan
-from simulation.network import Clock, Network
+from simulation.network import MIN_RTO, Clock, Network
 
 CLOSE_DELAY = 0.3  # s a worker that gives up lingers (its ABORTs leave) before reconnecting
 
@@ -162,8 +163,13 @@ class SimWorker:
     def _stream(self, home: int, message: bytes, connection: tuple[int, ...],
                 closing: bool = False) -> None:
         other = self.world.workers[home]
+        # As hosts.mesh sets its sockets: a short least timeout where the mesh carries only
+        # the calls' control messages.
+        min_rto = (CONTROL_RTO_MIN_US / 1e6
+                   if mesh_is_control_only(self.plan.schedule, self.plan.server) else MIN_RTO)
         self.network.send_stream(self.routes[home], max(len(message), 1),
-                                 lambda: other._arrived(self.home, message, connection, closing))
+                                 lambda: other._arrived(self.home, message, connection, closing),
+                                 min_rto)
 
     def _arrived(self, sender: int, message: bytes, connection: tuple[int, ...],
                  closing: bool) -> None:

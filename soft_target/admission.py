@@ -20,14 +20,24 @@ from soft_target.defines import (
     TYPE_BROADCAST,
     TYPE_DATA,
     TYPE_GENERATION,
+    TYPE_PROBE,
     TYPE_RESET,
 )
-from soft_target.parser import FULL_END, IPV4_LEN_FULL, UDP_LEN_FULL
+from soft_target.parser import (
+    FULL_END,
+    HEADER_END,
+    IPV4_LEN_FULL,
+    IPV4_LEN_HEADER_ONLY,
+    UDP_LEN_FULL,
+    UDP_LEN_HEADER_ONLY,
+)
 from soft_target.tables import Row, SoftTable, named_params, port_by_key
 
-_ACCEPTED_TYPES = (TYPE_DATA, TYPE_BROADCAST, TYPE_RESET, TYPE_GENERATION)
+_ACCEPTED_TYPES = (TYPE_DATA, TYPE_BROADCAST, TYPE_RESET, TYPE_GENERATION, TYPE_PROBE)
 _IPV4_LEN_FULL = IPV4_LEN_FULL.to_bytes(2, "big")
 _UDP_LEN_FULL = UDP_LEN_FULL.to_bytes(2, "big")
+_IPV4_LEN_HEADER_ONLY = IPV4_LEN_HEADER_ONLY.to_bytes(2, "big")
+_UDP_LEN_HEADER_ONLY = UDP_LEN_HEADER_ONLY.to_bytes(2, "big")
 
 
 @dataclass(frozen=True)
@@ -70,11 +80,17 @@ class Admission:
               ptype: int, version: int, job_id: int, worker_id: int, slot: int,
               count: int) -> JobConfig | None:
         """The job an aggregation packet belongs to, or None when it is dropped. The frame
-        holds a whole header stack (the pipeline drops a shorter one as SHORT_PACKET, the
-        first check, before the header is unpacked); the fields are hdr.bml's."""
+        holds a whole header stack, or hdr.bml for a PROBE (the pipeline drops a shorter one
+        as SHORT_PACKET, the first check, before the header is unpacked); the fields are
+        hdr.bml's."""
         drops = self.drops
-        if len(frame) != FULL_END or frame[16:18] != _IPV4_LEN_FULL or \
-                frame[38:40] != _UDP_LEN_FULL:
+        if ptype == TYPE_PROBE:  # the header alone, and lengths that say so
+            bad_length = len(frame) != HEADER_END or frame[16:18] != _IPV4_LEN_HEADER_ONLY \
+                or frame[38:40] != _UDP_LEN_HEADER_ONLY
+        else:
+            bad_length = len(frame) != FULL_END or frame[16:18] != _IPV4_LEN_FULL or \
+                frame[38:40] != _UDP_LEN_FULL
+        if bad_length:
             drops[DROP_BAD_LENGTH] += 1
             return None
         if count > VALUES_PER_PACKET:

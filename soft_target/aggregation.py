@@ -16,13 +16,16 @@ from soft_target.defines import (
     STAT_COMPLETED,
     STAT_DUPLICATE,
     STAT_GENERATION,
+    STAT_MISSING,
     STAT_OLD_CALL,
     STAT_PENDING,
     STAT_RESET,
     STAT_RETX_ANSWERED,
     TYPE_DATA,
     TYPE_GENERATION,
+    TYPE_MISSING,
     TYPE_PENDING,
+    TYPE_PROBE,
     TYPE_RESET,
     TYPE_RESULT,
     TYPE_RESULT_RETX,
@@ -88,7 +91,7 @@ class Aggregation:
             return self.route(tables, frame, port, job, TYPE_GENERATION, exponent, b"",
                               generation=current)
         if past:
-            return self._past_registers(tables, frame, port, job, exponent)
+            return self._past_registers(tables, frame, port, job, ptype, exponent)
         idx = copy0 | version
         other = copy0 | (1 - version)
         me = (1 << worker_id) & 0xFFFFFFFF
@@ -111,6 +114,11 @@ class Aggregation:
                                   count=count)
             stats[STAT_DUPLICATE] += 1
             return []
+        if ptype == TYPE_PROBE:
+            # Not in this copy: lost on its way, and the prober sends it again at once.
+            stats[STAT_MISSING] += 1
+            return self.route(tables, frame, port, job, TYPE_MISSING, exponent, b"",
+                              count=count)
         if bitmap and stored_offset != offset:
             self.drops[DROP_STALE] += 1
             return []
@@ -145,12 +153,15 @@ class Aggregation:
                           row.astype(_BE_VALUES).tobytes())
 
     def _past_registers(self, tables: Tables, frame: bytes, port: int, job: JobConfig,
-                        exponent: int) -> list[tuple[int, bytes]]:
+                        ptype: int, exponent: int) -> list[tuple[int, bytes]]:
         """A pool that lies past the register arrays (only a control plane that does not check
         installs one; ours keeps pools inside POOL_SLOTS). BMv2 reads 0 there and ignores the
         writes, so every contribution is the first of an empty copy and nothing is kept: a
         RESET is counted (above), a contribution is aggregated alone and completes only a
-        one-worker job, with its own values."""
+        one-worker job, with its own values; a PROBE finds nothing there (MISSING)."""
+        if ptype == TYPE_PROBE:
+            self.stats[STAT_MISSING] += 1
+            return self.route(tables, frame, port, job, TYPE_MISSING, exponent, b"", count=0)
         self.stats[STAT_AGGREGATED] += 1
         if job.num_workers != 1:
             return []

@@ -26,6 +26,7 @@ from soft_target.defines import (
     DROP_SHORT_PACKET,
     STAT_BROADCAST,
     TYPE_BROADCAST,
+    TYPE_PROBE,
 )
 from soft_target.egress_rewrite import EgressRewrite, EgressRewriteTables, HostAddress
 from soft_target.forwarding import Forwarding, ForwardingTables
@@ -33,6 +34,7 @@ from soft_target.parser import (
     BML_OFF,
     ETH,
     FULL_END,
+    HEADER_END,
     IP,
     IPV4_LEN_FULL,
     IPV4_LEN_HEADER_ONLY,
@@ -123,9 +125,10 @@ class Pipeline:
         tables = self.tables
         if not is_bml(frame):
             return self._forward(tables, frame)
-        # The parser extracted no whole bml, lo and hi: admission's first check, made here
-        # because hdr.bml cannot be unpacked before it.
-        if len(frame) < FULL_END:
+        # The parser extracted no whole bml, lo and hi (a PROBE: no whole bml): admission's
+        # first check, made here because hdr.bml cannot be unpacked before it.
+        if len(frame) < FULL_END and (len(frame) < HEADER_END
+                                      or frame[BML_OFF] != TYPE_PROBE):
             self.drops[DROP_SHORT_PACKET] += 1
             return []
         (ptype, version, job_id, worker_id, _owner, slot, exponent, count, generation,

@@ -13,6 +13,7 @@ from soft_target.defines import (
     DROP_NO_OWNER,
     MODE_TO_OWNER,
     TYPE_GENERATION,
+    TYPE_MISSING,
     TYPE_PENDING,
     TYPE_RESULT,
     TYPE_RESULT_RETX,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from soft_target.pipeline import Tables
 
 _RESULTS = (TYPE_RESULT, TYPE_RESULT_RETX)
-_TO_SENDER = (TYPE_RESULT_RETX, TYPE_GENERATION, TYPE_PENDING)
+_TO_SENDER = (TYPE_RESULT_RETX, TYPE_GENERATION, TYPE_PENDING, TYPE_MISSING)
 # EgressRewrite.apply, run for all of a packet's copies at once.
 Egress = Callable[..., list[tuple[int, bytes]]]
 
@@ -55,9 +56,9 @@ class ResultRouting:
               exponent: int, values: bytes, generation: int | None = None,
               count: int | None = None) -> list[tuple[int, bytes]]:
         """A packet of type ``ptype`` (the one ingress made of ``frame``) with ``exponent``
-        and ``values`` (empty: header only). A GENERATION answer (``generation`` in it) and a
-        PENDING answer (the copy's ``count`` in it) go back to the sender, as does the answer
-        to a retransmission; the rest to the job's multicast group."""
+        and ``values`` (empty: header only). A GENERATION answer (``generation`` in it), a
+        PENDING or MISSING answer (the copy's ``count`` in it) go back to the sender, as does
+        the answer to a retransmission or probe; the rest to the job's multicast group."""
         owner_port = None
         if ptype in _RESULTS and job.result_mode == MODE_TO_OWNER:
             owner_id = frame[BML_OFF + 5]

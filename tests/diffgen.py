@@ -2,22 +2,20 @@
 must do with it.
 
 The generator plays the hosts and the controller of three jobs on one switch: rounds of
-contributions (in the order hosts may send them: a slot's next use only after its previous
-one completed), new calls (a newer generation abandons what the last one left), generation
+contributions (in the order hosts may send them: a slot's next use only after its previous one
+completed), new calls (a newer generation abandons what the last one left), generation
 questions and contributions of older calls, re-sends into filling copies (PENDING),
-retransmissions, late copies, stale
-and forged contributions,
-malformed frames, ordinary traffic, broadcasts, controller PacketOuts (RESETs, forged ones)
-and changes of l2_forward's default entry. It knows by construction what each
+retransmissions, probes (PENDING, MISSING, the stored sum), late copies, stale and forged
+contributions, malformed frames, ordinary traffic, broadcasts, controller PacketOuts (RESETs,
+forged ones) and changes of l2_forward's default entry. It knows by construction what each
 packet must do (docs/PROTOCOL.md): the counters it moves and the exact frames that leave. So
-the same sequence checks the software target alone against the invariants (a round's result
-is the wrapping int32 sum of its contributions; a packet that is not admitted changes no later
+the same sequence checks the software target alone against the invariants (a round's result is
+the wrapping int32 sum of its contributions; a packet that is not admitted changes no later
 result, because every later frame is predicted without it; every packet is counted, drops by
 reason), and checks BMv2 and the software target against each other byte for byte
 (tests/diffrun.py). This module is the scenario (jobs, tables) and the sequence; the model
 that predicts each packet's fate is ``tests.kit.oracle``, the frames ``bml.frames`` and
-``tests.kit.frames``.
-"""
+``tests.kit.frames``."""
 
 from __future__ import annotations
 
@@ -25,7 +23,15 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bml.frames import SWITCH_IP, SWITCH_MAC, aggregation_frame, host_ip, host_mac, udp_frame
+from bml.frames import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    aggregation_frame,
+    host_ip,
+    host_mac,
+    probe_frame,
+    udp_frame,
+)
 from bml.protocol import (
     BML_UDP_PORT,
     CONTROLLER_MAGIC,
@@ -275,6 +281,38 @@ class Generator:
             what = "pending"
         self._add(f"{what} j{rnd.job.job_id} s{rnd.slot} u{rnd.use} w{worker}",
                   rnd.job.workers[worker], frame, expect)
+
+    def probe(self) -> None:
+        """A PROBE (header only) of a round's copy: PENDING while the round fills and the
+        worker is in it, MISSING (the count so far) while it is not, and once it moved on (its
+        bit left that copy), the stored sum once complete; of another call than the job's:
+        answered with the generation (a probe never makes a call the job's). Never added."""
+        choices = [(rnd, w) for rnd in self.rounds.values() if rnd.resendable and rnd.contributed
+                   for w in rnd.job.workers]
+        choices += [(rnd, w) for rnd in self.previous.values() if rnd.resendable
+                    for w in rnd.contributed]
+        if not choices:
+            return self.contribute()
+        rnd, worker = self.rng.choice(choices)
+        job, port = rnd.job, rnd.job.workers[worker]
+        frame = probe_frame(port, job.job_id, worker, rnd.slot, rnd.version, rnd.offset,
+                            owner=rnd.owner, generation=rnd.generation, **self._ip_fields())
+        if rnd.generation != self.model.generation[job.job_id]:
+            expect, what = self.model.generation_answer(job.job_id, frame, port,
+                                                        Stat.OLD_CALL), "probe old call"
+        elif worker in rnd.contributed and worker not in rnd.moved and rnd.complete:
+            expect = Expect(stats=Counter({Stat.RETX_ANSWERED: 1}))
+            self._answer(rnd, frame, PacketType.RESULT_RETX, expect, [port])
+            what = "probe retx"
+        else:
+            found = worker in rnd.contributed and worker not in rnd.moved
+            stat, ptype = ((Stat.PENDING, PacketType.PENDING) if found
+                           else (Stat.MISSING, PacketType.MISSING))
+            expect = Expect(stats=Counter({stat: 1}))
+            self.model.deliver(expect, port, switch_frame(frame, port, ptype, frame[50], None,
+                                                          count=len(rnd.contributed)))
+            what = f"probe {ptype.name.lower()}"
+        self._add(f"{what} j{job.job_id} s{rnd.slot} u{rnd.use} w{worker}", port, frame, expect)
 
     def _open_round(self) -> tuple[Round, int] | None:
         """A round in progress and a worker that has not contributed to it yet: what a bad
@@ -581,7 +619,7 @@ class Generator:
         self.events.append(Event(len(self.events), what, 0, b"", Expect(), control=True,
                                  l2_default=self.model.l2_default))
 
-    ACTIONS = (("contribute", 40), ("resend", 14), ("stale", 6), ("forged", 12),
+    ACTIONS = (("contribute", 40), ("resend", 14), ("probe", 6), ("stale", 6), ("forged", 12),
                ("malformed", 14), ("ordinary", 6), ("broadcast", 4), ("reset", 2),
                ("generation", 4), ("control", 1))
 

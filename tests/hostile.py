@@ -119,7 +119,13 @@ WINDOW = {"soft": 256, "bmv2": 32}
 PUSH_WINDOW = {"soft": 256, "bmv2": 32}
 OLD_BY = 1000  # old calls are 1..OLD_BY generations behind the job's
 MAX_FRAME = 9014  # the emulation's veths have MTU 9000
+# The types a host sends in a full frame (a PROBE is the header alone: full, it is BAD_LENGTH).
 HOST_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET, PacketType.GENERATION)
+
+
+def not_a_probe(ptype: int) -> int:
+    """Any type but PROBE's, which is checked for its own length before the count and type."""
+    return ptype + 1 if ptype == PacketType.PROBE else ptype
 _IPV4_LIKE = (0x0800, 0x8100, 0x88A8, 0x9100)  # EtherTypes the random-bytes class avoids
 
 # What each class of hostile frame must move, one counter key per class: "drop:REASON",
@@ -440,7 +446,7 @@ class Generator:
         group, worker = rng.choice(self.own[index])
         return self._frame(self.links[index], self._header(
             group, rng.choice((worker, rng.randrange(256))), count=rng.randint(65, 255),
-            ptype=rng.choice((*HOST_TYPES, rng.randrange(256))),
+            ptype=rng.choice((*HOST_TYPES, not_a_probe(rng.randrange(256)))),
             version=rng.choice((0, 1, rng.randrange(256))),
             job=rng.choice((group.job_id, rng.randrange(65536)))))
 
@@ -448,7 +454,7 @@ class Generator:
         rng = self.rng
         group, worker = rng.choice(self.own[index])
         ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK,
-                            rng.randint(8, 255)))
+                            not_a_probe(rng.randint(8, 254))))
         return self._frame(self.links[index], self._header(group, worker, ptype=ptype))
 
     def _bad_version(self, index: int) -> bytes:

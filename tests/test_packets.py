@@ -56,7 +56,7 @@ def test_ptf_suite_found_every_test():
                      "aggregation.EightWorkers", "aggregation.DuplicateIgnored",
                      "aggregation.RetransmissionAfterCompletion",
                      "aggregation.ShadowCopiesAndSlotReuse", "aggregation.MaxExponent",
-                     "aggregation.ResultToOwner", "aggregation.Broadcast",
+                     "result_routing.ResultToOwner", "result_routing.Broadcast",
                      "aggregation.TwoJobsIsolated", "forwarding.ForwardByMac",
                      "admission.UnknownJob", "admission.ForgedWorkerId",
                      "admission.WrongIngressPort", "admission.ShortPacket",

@@ -18,6 +18,7 @@
 #define IPV4_LEN_HEADER_ONLY 44
 #define UDP_LEN_HEADER_ONLY 24
 #define FRAME_BYTES 314           // 14 Ethernet + IPV4_LEN_FULL: every aggregation packet
+#define HEADER_ONLY_FRAME_BYTES 58  // 14 Ethernet + IPV4_LEN_HEADER_ONLY: a PROBE
 #define PACKET_OUT_BYTES 2        // packet_out header in front of a CPU-port frame
 
 // bml.type
@@ -29,6 +30,8 @@
 #define TYPE_ACK 6
 #define TYPE_GENERATION 7         // host: which generation is the job at? switch: this one
 #define TYPE_PENDING 8            // switch: your contribution is in, the copy is still filling
+#define TYPE_PROBE 9              // host (header only): is my contribution in this copy?
+#define TYPE_MISSING 10           // switch (header only): it is not: send it again
 
 // job_config result_mode
 #define MODE_MULTICAST 0
@@ -45,6 +48,7 @@
 #define STAT_GENERATION 7         // a generation query answered
 #define STAT_OLD_CALL 8           // a contribution of an older call: not added, answered
 #define STAT_PENDING 9            // a re-sent contribution into a filling copy: PENDING
+#define STAT_MISSING 10           // a PROBE for a contribution the copy does not hold
 #define STAT_NONE 255
 #define STATS_SIZE 16
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import ptf.testutils as tu
-from common.bml_test import BmlTest, contribution, from_switch, lane_sums
+from common.bml_test import BmlTest, contribution, from_switch, lane_sums, probe
 
 from bml.protocol import VALUES_PER_PACKET, DropReason, PacketType, Stat
 
@@ -85,6 +85,24 @@ class HeaderOnlyPacket(DropCase, BmlTest):
         return bytes(contribution(2, 7, 1, good))[:42 + 10]
 
 
+class ProbeWithLanes(DropCase, BmlTest):
+    """A PROBE is the header alone: one that carries lanes is not a probe the switch knows."""
+
+    reason = DropReason.BAD_LENGTH
+
+    def bad_packet(self, good):
+        return contribution(2, 7, 1, good, ptype=PacketType.PROBE)
+
+
+class ProbeWithTrailer(DropCase, BmlTest):
+    """Bytes after a probe's header: its lengths say header only, the frame does not."""
+
+    reason = DropReason.BAD_LENGTH
+
+    def bad_packet(self, good):
+        return bytes(probe(2, 7, 1)) + bytes(8)
+
+
 class BadValueCount(DropCase, BmlTest):
     reason = DropReason.BAD_COUNT
 
@@ -130,18 +148,3 @@ class StaleContribution(DropCase, BmlTest):
 
     def bad_packet(self, good):
         return contribution(2, 7, 1, good, offset=4096)
-
-
-class NoOwnerRoute(BmlTest):
-    """In reduce-scatter mode a result for an owner with no route is dropped and counted."""
-
-    def runTest(self) -> None:  # noqa: N802
-        from bml.protocol import ResultMode
-
-        self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
-        before = self.counters()
-        self.send(1, contribution(1, 9, 0, values(), owner=6))
-        self.send(2, contribution(2, 9, 1, values(), owner=6))
-        tu.verify_no_other_packets(self)
-        self.assert_counted(before, {Stat.AGGREGATED: 2, Stat.COMPLETED: 1},
-                            {DropReason.NO_OWNER: 1})

@@ -1,4 +1,4 @@
-"""Aggregation: sums, duplicates, retransmissions, shadow copies, exponents, result routing."""
+"""Aggregation: sums, duplicates, retransmissions, probes, shadow copies, exponents."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from common.bml_test import (
     contribution,
     from_switch,
     lane_sums,
+    probe,
 )
 
 from bml.protocol import POOL_SLOTS, VALUES_PER_PACKET, PacketType, ResultMode, Stat
@@ -152,6 +153,61 @@ class PendingOnToOwnerJob(BmlTest):
         self.assert_counted(before, {Stat.AGGREGATED: 1, Stat.PENDING: 1, Stat.DUPLICATE: 1})
 
 
+class ProbeAnsweredByTheCopysState(BmlTest):
+    """A PROBE (header only) asks whether its sender's contribution is in the copy: PENDING
+    while the copy fills and it is in, MISSING (with the count so far) when it is not, the
+    stored sum once the copy is complete; each to the prober only, and no probe ever changes
+    a sum."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        vectors = [random_values() for _ in range(3)]
+        sent = [contribution(w + 1, 7, w, vectors[w], slot=4, version=1, offset=256,
+                             generation=2) for w in range(3)]
+        before = self.counters()
+        self.send(1, sent[0])
+        asked = probe(1, 7, 0, slot=4, version=1, offset=256, generation=2)
+        self.send(1, asked)
+        tu.verify_packet(self, from_switch(asked, 1, PacketType.PENDING, count=1), 1)
+        lost = probe(2, 7, 1, slot=4, version=1, offset=256, generation=2)
+        self.send(2, lost)
+        tu.verify_packet(self, from_switch(lost, 2, PacketType.MISSING, count=1), 2)
+        tu.verify_no_other_packets(self)
+        self.send(2, sent[1])
+        self.send(3, sent[2])
+        total = lane_sums(*vectors)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(sent[2], port, PacketType.RESULT, total), port)
+        answered = probe(3, 7, 2, slot=4, version=1, offset=256, generation=2)
+        self.send(3, answered)
+        tu.verify_packet(self, from_switch(answered, 3, PacketType.RESULT_RETX, total), 3)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.PENDING: 1,
+                                     Stat.MISSING: 1, Stat.RETX_ANSWERED: 1})
+
+
+class ProbeOnToOwnerJob(BmlTest):
+    """On a reduce-scatter job a probe into the completed copy gets the sum if its sender owns
+    the chunk, a header-only ACK if not: what a re-sent contribution would get."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
+        vectors = [random_values() for _ in range(2)]
+        self.send(1, contribution(1, 9, 0, vectors[0], owner=1, slot=1, offset=64))
+        last = contribution(2, 9, 1, vectors[1], owner=1, slot=1, offset=64)
+        self.send(2, last)
+        total = lane_sums(*vectors)
+        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, total), 2)
+        tu.verify_packet(self, from_switch(last, 1, PacketType.ACK), 1)
+        owner = probe(2, 9, 1, slot=1, offset=64, owner=1)
+        self.send(2, owner)
+        tu.verify_packet(self, from_switch(owner, 2, PacketType.RESULT_RETX, total), 2)
+        other = probe(1, 9, 0, slot=1, offset=64, owner=1)
+        self.send(1, other)
+        tu.verify_packet(self, from_switch(other, 1, PacketType.ACK), 1)
+        tu.verify_no_other_packets(self)
+
+
 class RetransmissionAfterCompletion(BmlTest):
     """A worker that missed the result re-sends; only it gets the stored sum back."""
 
@@ -262,51 +318,6 @@ class MaxExponent(BmlTest):
         for port in (1, 2, 3):
             tu.verify_packet(self, from_switch(last, port, PacketType.RESULT,
                                                lane_sums(*vectors), exponent=151), port)
-
-
-class ResultToOwner(BmlTest):
-    """Reduce-scatter: the chunk's owner gets the sum, the other workers a header-only ACK."""
-
-    def runTest(self) -> None:  # noqa: N802
-        self.add_job(9, [1, 2, 3], mode=ResultMode.TO_OWNER)
-        vectors = [random_values() for _ in range(3)]
-        for w in range(2):
-            self.send(w + 1, contribution(w + 1, 9, w, vectors[w], owner=1))
-        last = contribution(3, 9, 2, vectors[2], owner=1)
-        self.send(3, last)
-        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(*vectors)), 2)
-        tu.verify_packet(self, from_switch(last, 1, PacketType.ACK), 1)
-        tu.verify_packet(self, from_switch(last, 3, PacketType.ACK), 3)
-        tu.verify_no_other_packets(self)
-
-
-class ResultMulticastToGroupOnly(BmlTest):
-    """The multicast result reaches the job's members and no other port."""
-
-    def runTest(self) -> None:  # noqa: N802
-        self.add_job(7, [2, 5])
-        a, b = random_values(), random_values()
-        self.send(2, contribution(2, 7, 0, a))
-        last = contribution(5, 7, 1, b)
-        self.send(5, last)
-        tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, lane_sums(a, b)), 2)
-        tu.verify_packet(self, from_switch(last, 5, PacketType.RESULT, lane_sums(a, b)), 5)
-        tu.verify_no_other_packets(self)
-
-
-class Broadcast(BmlTest):
-    """A broadcast goes to every other member unchanged in its values, without aggregation."""
-
-    def runTest(self) -> None:  # noqa: N802
-        self.add_job(7, [1, 2, 3, 4])
-        values = random_values()
-        before = self.counters()
-        packet = contribution(3, 7, 2, values, ptype=PacketType.BROADCAST, exponent=140)
-        self.send(3, packet)
-        for port in (1, 2, 4):
-            tu.verify_packet(self, from_switch(packet, port, PacketType.BROADCAST, values), port)
-        tu.verify_no_other_packets(self)
-        self.assert_counted(before, {Stat.BROADCAST: 1})
 
 
 class TwoJobsIsolated(BmlTest):

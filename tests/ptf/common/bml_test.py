@@ -206,12 +206,23 @@ def contribution(port: int, job: int, worker: int, values, slot: int = 0, versio
             / values_layers(list(values)))
 
 
+def probe(port: int, job: int, worker: int, slot: int = 0, version: int = 0, offset: int = 0,
+          generation: int = 0, owner: int = 0):
+    """A worker's header-only PROBE: is its contribution to this slot copy's use in?"""
+    return (Ether(dst=SWITCH_MAC, src=host_mac(port))
+            / IP(src=host_ip(port), dst=SWITCH_IP, id=next(_ip_ids), ttl=64)
+            / UDP(sport=job_udp_port(job), dport=BML_UDP_PORT, chksum=0)
+            / BML(type=PacketType.PROBE, version=version, job_id=job, worker_id=worker,
+                  owner_id=owner, slot=slot, count=VALUES_PER_PACKET, generation=generation,
+                  offset=offset))
+
+
 def from_switch(trigger, port: int, ptype: int, values=None, exponent: int | None = None,
                 generation: int | None = None, count: int | None = None):
     """What the switch sends to the host on ``port`` in answer to ``trigger``: the trigger's
     IPv4 identification and BML fields, the switch's addresses, the given type and values
-    (``None`` for a header-only ACK, GENERATION or PENDING answer; a PENDING carries the
-    copy's ``count``)."""
+    (``None`` for a header-only ACK, GENERATION, PENDING or MISSING answer; PENDING and MISSING
+    carry the copy's ``count``)."""
     bml = trigger[BML]
     header = BML(type=ptype, version=bml.version, job_id=bml.job_id, worker_id=bml.worker_id,
                  owner_id=bml.owner_id, slot=bml.slot,
