@@ -44,7 +44,7 @@ def measure(workers: int, seconds: float, grpc: str) -> dict:
         host_ip,
         host_mac,
     )
-    from bml.protocol import HEADER_STRUCT, Stat
+    from bml.protocol import HEADER_STRUCT, PRIMING_OFFSET, Stat
     from bml.topology import Switch
     from control_plane.egress_rewrite import host_address_entry
     from control_plane.jobs import AggregationGroup
@@ -60,12 +60,21 @@ def measure(workers: int, seconds: float, grpc: str) -> dict:
                            for p in ports])
     group = AggregationGroup("bench", JOB, dict(enumerate(ports)), 0, 0, WINDOW)
     install_group(session, Switch("bench", 0, 0, 1, tuple(ports)), group)
-    # frames[slot][version][worker]; the offset changes with the use, so alternate 2 offsets
-    # (IPv4 identifications numbered as the frames are built, as a host's would be)
+    # frames[slot][version][worker], built once; every use of a slot carries its own offset
+    # (patched in as it is sent): a copy's next use with the offset of its last is a late copy
+    # to the switch, a duplicate it ignores (IPv4 identifications numbered as the frames are
+    # built, as a host's would be)
     idents = itertools.count(1)
-    frames = [[[aggregation_frame(p, JOB, w, s, v, (2 * s + v) * 64, range(64),
-                                  ident=next(idents) & 0xFFFF)
+    frames = [[[aggregation_frame(p, JOB, w, s, v, 0, range(64), ident=next(idents) & 0xFFFF)
                 for w, p in enumerate(ports)] for v in (0, 1)] for s in range(WINDOW)]
+    uses = [0] * WINDOW
+    offset_start = BML_START + 12  # the header's offset field
+
+    def use_frame(slot: int, worker: int) -> bytes:
+        frame = frames[slot][uses[slot] & 1][worker]
+        offset = ((uses[slot] * WINDOW + slot) * 64 % PRIMING_OFFSET).to_bytes(4, "big")
+        return frame[:offset_start] + offset + frame[offset_start + 4:]
+
     senders = [open_port(f"t{p}") for p in ports]
     for sock in senders[1:]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -77,7 +86,7 @@ def measure(workers: int, seconds: float, grpc: str) -> dict:
     start = time.monotonic()
     for s in range(WINDOW):
         for w, sock in enumerate(senders):
-            sock.send(frames[s][0][w])
+            sock.send(use_frame(s, w))
         sent_at[s] = start
     completed = 0
     resends = 0
@@ -97,16 +106,17 @@ def measure(workers: int, seconds: float, grpc: str) -> dict:
                 continue
             completed += 1
             version[slot] ^= 1
+            uses[slot] += 1
             sent_at[slot] = now
             for w, sock in enumerate(senders):
-                sock.send(frames[slot][version[slot]][w])
+                sock.send(use_frame(slot, w))
         for s in range(WINDOW):  # a lost packet would stall its slot: re-send it (after 1 s,
             # longer than any queue here, so a slow switch is not fed spurious copies)
             if now - sent_at[s] > 1.0:
                 sent_at[s] = now
                 resends += 1
                 for w, sock in enumerate(senders):
-                    sock.send(frames[s][version[s]][w])
+                    sock.send(use_frame(s, w))
     elapsed = time.monotonic() - start
     time.sleep(0.3)
     after = session.read_counter(Names.STATS)
