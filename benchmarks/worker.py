@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = {"tcp_retransmissions": tcp_retransmissions() - retrans}
         if args.scheme == "bml":
             stats |= {"retransmissions": scheme.last_stats.retransmissions,
+                      "probes": getattr(scheme.last_stats, "probes", 0),
                       "pending": scheme.last_stats.pending,
                      "exponent_seconds": getattr(scheme.last_stats, "exponent_seconds", 0.0),
                      "repairs_asked": getattr(scheme.last_stats, "repairs_asked", 0),

@@ -294,6 +294,10 @@ class SlotWindow:
         ``self.draining()``, which the caller has."""
         rto = self.nic.rto
         base, cap = rto.value, rto.cap
+        if draining and rto.samples:
+            # The window's end: nothing new joins the queues, so an answer takes what the
+            # quickest ones took, not the loaded median the timeout follows mid-call.
+            base = min(base, max(rto.floor, RTO_QUANTILES * min(rto.samples)))
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         answered_sent = self.answered_sent
         silence = base if draining else base * MID_CALL_STALL
