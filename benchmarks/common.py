@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from bml.paths import REPO_ROOT
 
 
 def parse_size(text: str) -> int:
@@ -87,8 +87,8 @@ def run_workers(state, scheme: str, workers: int, size: int, tmp: Path,
         ["ip", "netns", "exec", state.namespace_of(rank), sys.executable, "-m",
          "benchmarks.worker", scheme, str(rank), str(workers), str(size),
          str(tmp / f"{scheme}-sum{rank}.npy"), *(extra or [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
         for rank in range(participants or workers)]
     reports, errors = [], []
     for rank, process in enumerate(processes):

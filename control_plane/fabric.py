@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bml.paths import DEFAULT_FABRIC
 from bml.schedule import DEFAULT_WINDOW
 from bml.topology import Topology
 from control_plane.jobs import JobError, JobPlan, plan_job, plan_scheduled_job
 from control_plane.provision import install_group, provision_switch, remove_group, sessions
 
 WRITER_ELECTION = (0, 2)
-DEFAULT_FABRIC = Path(os.environ.get("BML_FABRIC", "/tmp/bml-net/bml/fabric.json"))
 
 
 @dataclass

@@ -14,9 +14,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-P4SRC_DIR = REPO_ROOT / "p4src"
-BUILD_DIR = P4SRC_DIR / "build"
+from bml.paths import BUILD_DIR, P4SRC_DIR
+
 P4INFO_PATH = BUILD_DIR / "bml.p4info.txtpb"
 BMV2_JSON_PATH = BUILD_DIR / "bml.json"
 SOURCE_HASH_PATH = BUILD_DIR / "p4src.sha256"

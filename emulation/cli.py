@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from bml.paths import DEFAULT_EMULATION
 from bml.topology import TopologyError
 from emulation import net
 from emulation.netns import NetError, Shaping
@@ -77,7 +78,8 @@ def inject(state: State, args: argparse.Namespace) -> str:
 def parser() -> argparse.ArgumentParser:
     """Every command and option of ``bml-net``."""
     parser = argparse.ArgumentParser(prog="bml-net", description=__doc__.split("\n")[0])
-    parser.add_argument("--name", default="bml", help="emulation name (1-6 chars; default bml)")
+    parser.add_argument("--name", default=DEFAULT_EMULATION,
+                        help=f"emulation name (1-6 chars; default {DEFAULT_EMULATION})")
     commands = parser.add_subparsers(dest="command", required=True)
     p_up = commands.add_parser("up", help="create namespaces, links, switches; provision")
     p_up.add_argument("--topo", required=True, help="star:N or bcube:n,k")

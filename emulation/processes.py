@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from control_plane.p4info import REPO_ROOT
+from bml.paths import REPO_ROOT
 from emulation.netns import NetError
 from emulation.state import State
 

@@ -8,14 +8,12 @@ updates this one record.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bml.paths import RUN_ROOT
 from bml.topology import Topology
 from emulation.netns import NetError
-
-RUN_ROOT = Path(os.environ.get("BML_RUN_ROOT", "/tmp/bml-net"))
 
 
 @dataclass

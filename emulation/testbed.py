@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from bml.paths import REPO_ROOT
 from emulation.net import find_bmv2
 from emulation.processes import stop_pid
 
-REPO = Path(__file__).resolve().parent.parent
-PTF_DIR = REPO / "tests" / "ptf"
+PTF_DIR = REPO_ROOT / "tests" / "ptf"
 GRPC = "127.0.0.1:9559"
 
 
@@ -51,7 +51,7 @@ def start_switch(namespace: str, command: list[str], address: str, log: Path,
     server at ``address`` accepts connections (or raises, with the log's tail)."""
     with open(log, "wb") as out:
         process = subprocess.Popen(["ip", "netns", "exec", namespace, *command],
-                                   stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                   stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                    stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -114,12 +114,12 @@ class SwitchTestbed:
     def run_ptf(self, tests: list[str] | None = None, timeout: float = 900) -> dict[str, str]:
         """Run the PTF suite; returns {test name: 'ok' | 'FAIL' | 'ERROR' | 'skipped ...'}."""
         command = [shutil.which("ptf") or str(Path(sys.executable).parent / "ptf"),
-                   "--test-dir", str(PTF_DIR), "--pypath", str(REPO),
+                   "--test-dir", str(PTF_DIR), "--pypath", str(REPO_ROOT),
                    "--log-dir", str(self.log_dir / f"ptf-{self.target}"),
                    "--test-params", f"grpc_addr='{GRPC}';target='{self.target}'",
                    *[a for p in self.ports for a in ("-i", f"{p}@t{p}")], *(tests or [])]
         done = subprocess.run(["ip", "netns", "exec", self.namespace, *command],
-                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
         (self.log_dir / f"ptf-{self.target}.out").write_text(done.stdout + done.stderr)
         results = dict(re.findall(r"^(\w+\.\w+) \.\.\. (ok|FAIL|ERROR|skipped.*)$",
                                   done.stdout + done.stderr, re.M))

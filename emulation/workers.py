@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bml.paths import REPO_ROOT
 from control_plane.fabric import Fabric
-from control_plane.p4info import REPO_ROOT
 from control_plane.status import read_counters
 
 

@@ -9,11 +9,10 @@ import subprocess
 
 import pytest
 
+from bml.paths import BUILD_DIR, REPO_ROOT
 from control_plane.p4info import (
     BMV2_JSON_PATH,
-    BUILD_DIR,
     P4INFO_PATH,
-    REPO_ROOT,
     SOURCE_HASH_PATH,
     Names,
     built_p4info,

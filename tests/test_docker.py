@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from control_plane.p4info import REPO_ROOT
+from bml.paths import REPO_ROOT
 
 OFFICIAL = {"p4lang/p4c", "p4lang/behavioral-model"}
 

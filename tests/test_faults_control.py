@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from bml.paths import REPO_ROOT
 from bml.protocol import Stat
 from bml.topology import Topology
 from control_plane import health
@@ -23,7 +24,7 @@ from control_plane.fabric import create as create_fabric
 from control_plane.forwarding import forwarding_entries
 from control_plane.health import HealthMonitor
 from control_plane.jobs import plan_job
-from control_plane.p4info import REPO_ROOT, Names
+from control_plane.p4info import Names
 from control_plane.provision import install_group, provision_switch
 from control_plane.session import SwitchError, SwitchSession
 from control_plane.status import read_events

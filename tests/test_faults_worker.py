@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from bml.paths import REPO_ROOT
 from control_plane.fabric import Fabric
-from control_plane.p4info import REPO_ROOT
 from emulation.netns import Shaping
 from emulation.workers import (
     Push,

@@ -8,6 +8,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from bml import protocol
+from bml.paths import P4SRC_DIR
 from bml.protocol import (
     BML,
     FRAME_BYTES,
@@ -23,7 +24,6 @@ from bml.protocol import (
     unpack_header,
     values_layers,
 )
-from control_plane.p4info import P4SRC_DIR
 
 
 def p4_defines() -> dict[str, int]:

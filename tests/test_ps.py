@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from control_plane.p4info import REPO_ROOT
+from bml.paths import REPO_ROOT
 from tests.conftest import NETNS_REASON, emulation
 
 pytestmark = [pytest.mark.netns,

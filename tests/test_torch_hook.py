@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bml.paths import REPO_ROOT
 from bml.schedule import IN_NETWORK
 from control_plane.fabric import Fabric
-from control_plane.p4info import REPO_ROOT
 from hosts.quantize import check_sum
 from tests.conftest import NETNS_REASON, emulation
 

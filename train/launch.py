@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from control_plane.p4info import REPO_ROOT
+from bml.paths import REPO_ROOT
 from train.model import LENET_ELEMENTS
 from train.report import LABELS, check, expected, result_stem, summarise, write_results
 
