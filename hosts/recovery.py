@@ -33,11 +33,14 @@ RTO_INITIAL = 0.05  # s, before any answer
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
 # A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
-# others) is asked again (a PROBE: header only, so cheap) this many timeouts after each
-# PENDING, without back-off: only if the final answer is lost on its way does the switch need
-# to hear from this worker again, and then every timeout waited holds the slot, and the
-# co-workers' next use of it, for nothing.
+# others) is asked again (a PROBE: header only, so cheap) this many timeouts after the
+# PENDING: only if the final answer is lost on its way does the switch need to hear from this
+# worker again, and then every timeout waited holds the slot, and the co-workers' next use of
+# it, for nothing. After PENDING_PATIENCE answers PENDING to the same use the others are
+# late, not lost (a frozen or dead co-worker): the wait doubles, up to 8 times, so that a
+# window of waiting slots does not flood the switch with probes until the call's timeout.
 PENDING_FALLBACK = 1
+PENDING_PATIENCE = 4
 OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in their own orders
 # Timeouts without any answer before a window that still has uses to send presumes its
 # frames in flight lost. Mid-call a loss shows as a later frame answered first (RACK's rule);
@@ -196,7 +199,7 @@ class SlotWindow:
         self.first_sent = [0.0] * window
         self.last_sent = [0.0] * window
         self.retries = [0] * window
-        self.pending = bytearray(window)  # 1: the use in flight was answered PENDING
+        self.pending = bytearray(window)  # PENDING answers to the use in flight (up to 255)
         self.probe_next = bytearray(window)  # 1: the slot's next recovery is a PROBE
         self.open_slots = sum(1 for u in total_uses if u)
         self.sends: deque[float] = deque()  # send times of the frames presumed in the queue
@@ -257,7 +260,7 @@ class SlotWindow:
         if not self.pending[slot]:
             self.nic.refund()  # the first one only: later ones are the fallback's
             self.counters.pending += 1
-        self.pending[slot] = 1
+        self.pending[slot] = min(self.pending[slot] + 1, 255)
 
     def answered(self, now: float, slot: int) -> None:
         """The slot's use in flight was answered (the caller checked it is that use and took
@@ -290,8 +293,8 @@ class SlotWindow:
         answered for a timeout (a tail of lost frames, a co-worker's lost frame, a stop; while
         the window still has uses to send, ``MID_CALL_STALL`` timeouts), one timeout
         doubling per retry from the second (per-slot back-off). A slot answered
-        PENDING ``PENDING_FALLBACK`` timeouts after that answer. ``draining``:
-        ``self.draining()``, which the caller has."""
+        PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling (up to 8 times) from
+        its ``PENDING_PATIENCE``-th. ``draining``: ``self.draining()``, which the caller has."""
         rto = self.nic.rto
         base, cap = rto.value, rto.cap
         if draining and rto.samples:
@@ -311,7 +314,8 @@ class SlotWindow:
                 continue
             sent = last_sent[slot]
             if pending[slot]:
-                wait = min(cap, base) * PENDING_FALLBACK
+                late = min(max(pending[slot] - PENDING_PATIENCE, 0), 3)
+                wait = min(cap, base) * PENDING_FALLBACK * (1 << late)
                 why = "pending"
             elif sent < answered_sent:
                 # Lost, all but surely (a frame sent after it has come back): no back-off, as
