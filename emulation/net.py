@@ -7,7 +7,7 @@ shaping where asked, then provisioning over P4Runtime. Everything made is writte
 
 This module is the emulation's public face: its lifecycle (``up``, ``down``, ``leftovers``)
 is defined here, and the parts it is built from are re-exported, so that tests, benchmarks and
-hosts import one module whatever the layout behind it: ``state`` (the saved record),
+training import one module whatever the layout behind it: ``state`` (the saved record),
 ``build`` (namespaces, links, shaping), ``processes`` (switch processes, the health monitor,
 ending a process by PID), ``faults`` (fail and restore), ``status`` and ``cli``.
 """
