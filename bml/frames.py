@@ -17,15 +17,18 @@ import socket
 import struct
 from collections.abc import Sequence
 
+import numpy as np
+
 from bml.protocol import (
     BML_UDP_PORT,
+    DEFAULT_WIRE,
     ETH_IP_UDP_BYTES,
     EXPONENT_NONE,
     HEADER_BYTES,
-    VALUES_BYTES,
-    VALUES_PER_PACKET,
-    VALUES_STRUCT,
+    LANE_DTYPE,
+    LANES_PER_BLOCK,
     PacketType,
+    Wire,
     job_udp_port,
     pack_header,
     unpack_header,
@@ -120,20 +123,23 @@ def udp_frame(dst_mac: bytes, src_mac: bytes, src_ip: bytes, dst_ip: bytes, spor
 
 def aggregation_frame(port: int, job: int, worker: int, slot: int, version: int, offset: int,
                       values: Sequence[int], exponent: int = EXPONENT_NONE, owner: int = 0,
-                      ptype: int = PacketType.DATA, count: int = VALUES_PER_PACKET,
+                      ptype: int = PacketType.DATA, count: int | None = None,
                       tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64,
                       generation: int = 0) -> bytes:
     """What the bench host on ``port`` sends to the switch: a full aggregation frame from its
-    job's UDP port (``values``: all 64 lanes; ``flags``: the IPv4 flags/offset word)."""
+    job's UDP port (``values``: every lane of the width; ``count``: its blocks unless given;
+    ``flags``: the IPv4 flags/offset word)."""
+    if count is None:
+        count = len(values) // LANES_PER_BLOCK
     header = pack_header(ptype, job, worker, slot, version, owner, exponent, count, offset,
                          generation)
+    lanes = np.asarray(values, dtype=np.int64).astype(LANE_DTYPE).tobytes()
     return udp_frame(SWITCH_MAC, host_mac(port), host_ip(port), SWITCH_IP, job_udp_port(job),
-                     BML_UDP_PORT, header + VALUES_STRUCT.pack(*values), tos=tos, ident=ident,
-                     flags=flags, ttl=ttl)
+                     BML_UDP_PORT, header + lanes, tos=tos, ident=ident, flags=flags, ttl=ttl)
 
 
 def probe_frame(port: int, job: int, worker: int, slot: int, version: int, offset: int,
-                owner: int = 0, generation: int = 0, count: int = VALUES_PER_PACKET,
+                owner: int = 0, generation: int = 0, count: int = DEFAULT_WIRE.blocks,
                 tos: int = 0, ident: int = 1, flags: int = 0, ttl: int = 64) -> bytes:
     """What the bench host on ``port`` sends to ask whether its contribution is in: a PROBE,
     the header alone."""
@@ -143,11 +149,11 @@ def probe_frame(port: int, job: int, worker: int, slot: int, version: int, offse
                      BML_UDP_PORT, header, tos=tos, ident=ident, flags=flags, ttl=ttl)
 
 
-def reset_frame(mac: bytes, ip: bytes, job: int, slot: int) -> bytes:
+def reset_frame(mac: bytes, ip: bytes, job: int, slot: int, wire: Wire) -> bytes:
     """The controller's RESET of one slot (sent as a PacketOut), from and to the switch's own
     addresses, UDP from and to ``BML_UDP_PORT``; IPv4 identification and checksum zero (the
-    frame is never forwarded)."""
-    payload = pack_header(PacketType.RESET, job, 0, slot) + bytes(VALUES_BYTES)
+    frame is never forwarded). A full frame of the switch's width."""
+    payload = pack_header(PacketType.RESET, job, 0, slot, count=wire.blocks) + wire.zero_lanes
     return udp_frame(mac, mac, ip, ip, BML_UDP_PORT, BML_UDP_PORT, payload, ip_checksum=False)
 
 

@@ -1,9 +1,13 @@
 """The BML-INA wire protocol: the one definition used by hosts, tests and the software target.
 
 An aggregation packet is Ethernet / IPv4 / UDP (destination port ``BML_UDP_PORT``) / ``BML``
-(16 bytes) / two blocks of 32 signed 32-bit lanes (``ValuesLo`` then ``ValuesHi``). The Scapy
-layers describe it for tests and inspection; ``HEADER_STRUCT`` and ``pack_header`` /
-``unpack_header`` are the same layout for the hot paths, which never touch Scapy.
+(16 bytes) / the lanes: signed 32-bit integers in blocks of 32. How many blocks is a build
+parameter of the P4 program (``Wire``): 2 (64 lanes, what a Tofino-class pipeline holds), and
+wider builds for the software targets up to what a 9000-byte frame holds. A packet's ``count``
+says how many blocks it carries, so a host and a switch of different widths see it at once.
+``HEADER_STRUCT`` and ``pack_header`` / ``unpack_header`` are the layout for the hot paths;
+``bml.layers`` describes the same packet as Scapy layers for tests and inspection (kept apart,
+so that no host or switch process pays for importing Scapy).
 The P4 program (``p4src/include/headers.p4`` and ``defines.p4``) must agree with every constant
 here; ``tests/test_protocol.py`` checks that it does.
 """
@@ -11,18 +15,11 @@ here; ``tests/test_protocol.py`` checks that it does.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
+from dataclasses import dataclass, field
 
 import numpy as np
-from scapy.fields import (
-    ByteEnumField,
-    ByteField,
-    IntField,
-    ShortField,
-    SignedIntField,
-)
-from scapy.layers.inet import UDP
-from scapy.packet import Packet, bind_layers
 
 BML_UDP_PORT = 47000  # switch side: aggregation packets are addressed to this UDP port
 JOB_UDP_PORT_BASE = 40000  # host side: workers of job J bind JOB_UDP_PORT_BASE + J
@@ -31,7 +28,8 @@ MESH_TCP_PORT_BASE = 48000  # host side: job J's workers listen for their neighb
 POOL_SLOTS = 4096  # aggregation slots per switch, shared out among jobs by the control plane
 ONE_NIC_WINDOW = 256  # slots (= frames in flight) of the one-NIC transport, by default
 LANES_PER_BLOCK = 32
-VALUES_PER_PACKET = 2 * LANES_PER_BLOCK  # int32 values carried by every aggregation packet
+DEFAULT_LANES = 64  # int32 values per packet of the default build (a Tofino-class pipeline's)
+MTU = 9000  # the emulation's links; the widest build's frame fits in it
 MAX_WORKERS = 32  # width of the per-slot worker bitmap
 CPU_PORT = 510  # P4Runtime PacketOut enters the pipeline on this port
 CONTROLLER_MAGIC = 0xB3C0  # packet_out header value the pipeline requires on CPU_PORT frames
@@ -61,7 +59,7 @@ class PacketType(enum.IntEnum):
     ACK = 6  # header-only completion notice to non-owners of a reduce-scatter chunk
     GENERATION = 7  # host: which generation is the job at? switch (header only): this one
     PENDING = 8  # switch (header only): a re-sent contribution is already in its copy, which
-    # still waits for others; ``count`` is the copy's contributions so far
+    # still waits for others; ``count`` is the copy's contributions so far (not blocks)
     PROBE = 9  # host (header only): is my contribution to this use of the slot in? Answered
     # RESULT_RETX (the copy is complete), PENDING (in, still filling) or MISSING
     MISSING = 10  # switch (header only): the probed contribution is not in the copy
@@ -92,7 +90,7 @@ class DropReason(enum.IntEnum):
     """Indices of the P4 ``drops`` counter array: why a packet was refused."""
 
     SHORT_PACKET = 0
-    BAD_COUNT = 1
+    BAD_WIDTH = 1  # ``count`` is not the pipeline's blocks per packet: a host of another width
     UNKNOWN_JOB = 2
     FORGED_WORKER = 3
     WRONG_PORT = 4
@@ -111,73 +109,63 @@ DROPS_SIZE = 16
 # type, version, job_id, worker_id, owner_id, slot, exponent, count, generation, offset
 HEADER_STRUCT = struct.Struct("!BBHBBHBBHI")
 HEADER_BYTES = HEADER_STRUCT.size  # 16
-VALUES_BYTES = 4 * VALUES_PER_PACKET
-VALUES_STRUCT = struct.Struct(f"!{VALUES_PER_PACKET}i")
 LANE_DTYPE = np.dtype(">i4")  # the lanes as numpy reads and writes them on the wire
-ZERO_LANES = bytes(VALUES_BYTES)
 # Answers that end a worker's use of a slot (an ACK: the sum went to the chunk's owner).
 RESULT_TYPES = frozenset((PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK))
-PAYLOAD_BYTES = HEADER_BYTES + VALUES_BYTES  # UDP payload of a full aggregation packet
 ETH_IP_UDP_BYTES = 14 + 20 + 8
-FRAME_BYTES = ETH_IP_UDP_BYTES + PAYLOAD_BYTES  # 314 bytes on the wire (without FCS)
+HEADER_ONLY_FRAME_BYTES = ETH_IP_UDP_BYTES + HEADER_BYTES  # a PROBE, GENERATION, ACK...: 58
 
 
-class BML(Packet):
-    """The 16-byte aggregation header."""
-
-    name = "BML"
-    fields_desc = [
-        ByteEnumField("type", PacketType.DATA, {t.value: t.name for t in PacketType}),
-        ByteField("version", 0),
-        ShortField("job_id", 0),
-        ByteField("worker_id", 0),
-        ByteField("owner_id", 0),
-        ShortField("slot", 0),
-        ByteField("exponent", EXPONENT_NONE),
-        ByteField("count", VALUES_PER_PACKET),
-        ShortField("generation", 0),
-        IntField("offset", 0),
-    ]
+class WidthError(ValueError):
+    """A lane width no build has, or that no frame holds."""
 
 
-class _Values(Packet):
-    fields_desc = [SignedIntField(f"v{i:02d}", 0) for i in range(LANES_PER_BLOCK)]
+@dataclass(frozen=True)
+class Wire:
+    """An aggregation packet's sizes at one lane width: what the hosts, the software target,
+    the cost model and the tests agree on with the P4 build they talk to."""
 
-    def lanes(self) -> list[int]:
-        return [getattr(self, f"v{i:02d}") for i in range(LANES_PER_BLOCK)]
+    lanes: int
+    blocks: int = field(init=False)  # what a contribution's ``count`` says
+    values_bytes: int = field(init=False)
+    payload_bytes: int = field(init=False)  # UDP payload of a full aggregation packet
+    frame_bytes: int = field(init=False)  # on the wire, without FCS
+    zero_lanes: bytes = field(init=False, repr=False)
+    values_struct: struct.Struct = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.lanes <= 0 or self.lanes % LANES_PER_BLOCK:
+            raise WidthError(f"{self.lanes} lanes: a width is a positive multiple of "
+                             f"{LANES_PER_BLOCK}")
+        values = 4 * self.lanes
+        if 20 + 8 + HEADER_BYTES + values > MTU:
+            raise WidthError(f"{self.lanes} lanes do not fit a {MTU}-byte MTU (at most "
+                             f"{WIDEST_LANES})")
+        for name, value in (("blocks", self.lanes // LANES_PER_BLOCK),
+                            ("values_bytes", values),
+                            ("payload_bytes", HEADER_BYTES + values),
+                            ("frame_bytes", ETH_IP_UDP_BYTES + HEADER_BYTES + values),
+                            ("zero_lanes", bytes(values)),
+                            ("values_struct", struct.Struct(f"!{self.lanes}i"))):
+            object.__setattr__(self, name, value)
+
+    def chunks(self, elements: int) -> int:
+        """Packets (at least one) that carry ``elements`` values."""
+        return max(1, -(-elements // self.lanes))
 
 
-class ValuesLo(_Values):
-    """Lanes 0-31."""
-
-    name = "ValuesLo"
-
-
-class ValuesHi(_Values):
-    """Lanes 32-63."""
-
-    name = "ValuesHi"
+# The widest packet a 9000-byte IPv4 MTU holds, in whole blocks: 69 blocks, 2,208 lanes.
+WIDEST_LANES = (MTU - 20 - 8 - HEADER_BYTES) // (4 * LANES_PER_BLOCK) * LANES_PER_BLOCK
+BUILT_LANES = (DEFAULT_LANES, 256, WIDEST_LANES)  # the widths p4src/build/ holds
 
 
-bind_layers(UDP, BML, dport=BML_UDP_PORT)
-bind_layers(UDP, BML, sport=BML_UDP_PORT)  # results the switch sends back
-bind_layers(BML, ValuesLo)
-bind_layers(ValuesLo, ValuesHi)
+@functools.cache
+def wire(lanes: int = DEFAULT_LANES) -> Wire:
+    """The sizes at ``lanes`` (one shared object per width)."""
+    return Wire(lanes)
 
 
-def values_layers(values: list[int] | tuple[int, ...]) -> Packet:
-    """ValuesLo/ValuesHi carrying ``values`` (zero-padded to VALUES_PER_PACKET)."""
-    padded = list(values) + [0] * (VALUES_PER_PACKET - len(values))
-    lo = {f"v{i:02d}": padded[i] for i in range(LANES_PER_BLOCK)}
-    hi = {f"v{i:02d}": padded[LANES_PER_BLOCK + i] for i in range(LANES_PER_BLOCK)}
-    return ValuesLo(**lo) / ValuesHi(**hi)
-
-
-def packet_values(pkt: Packet) -> list[int]:
-    """The 64 lanes of a parsed Scapy packet (empty if it carries none)."""
-    if ValuesHi not in pkt:
-        return []
-    return pkt[ValuesLo].lanes() + pkt[ValuesHi].lanes()
+DEFAULT_WIRE = wire(DEFAULT_LANES)
 
 
 def pack_header(
@@ -188,7 +176,7 @@ def pack_header(
     version: int = 0,
     owner_id: int = 0,
     exponent: int = EXPONENT_NONE,
-    count: int = VALUES_PER_PACKET,
+    count: int = DEFAULT_WIRE.blocks,
     offset: int = 0,
     generation: int = 0,
 ) -> bytes:
@@ -209,9 +197,19 @@ def probe_of(frame: bytes) -> bytes:
     return bytes((PacketType.PROBE,)) + frame[1:HEADER_BYTES]
 
 
-def generation_question(job: int, worker: int) -> bytes:
-    """A GENERATION question (a full-size frame, as admission requires) of ``worker``."""
-    return pack_header(PacketType.GENERATION, job, worker, 0, count=0) + bytes(VALUES_BYTES)
+def generation_question(job: int, worker: int, wire: Wire) -> bytes:
+    """A GENERATION question of ``worker`` (the header alone): its ``count`` is the blocks the
+    worker sends, and the answer's the switch's, so a mismatch is seen on the first answer."""
+    return pack_header(PacketType.GENERATION, job, worker, 0, count=wire.blocks)
+
+
+def width_mismatch(switch_blocks: int, wire: Wire, switch: str) -> str | None:
+    """The error for a GENERATION answer from a switch of another width, or None."""
+    if switch_blocks == wire.blocks:
+        return None
+    return (f"switch {switch} aggregates {switch_blocks * LANES_PER_BLOCK} lanes per packet "
+            f"and this worker sends {wire.lanes}: the job was set up for another P4 build "
+            f"(set it up again: bml-ctl job-add)")
 
 
 def length_lanes(length: int) -> list[int]:

@@ -1,7 +1,9 @@
-"""The compiled pipeline in ``p4src/build``: where it lives, and name-to-id look-ups in its P4Info.
+"""The compiled pipelines in ``p4src/build``: where they live, and name-to-id look-ups in a P4Info.
 
 Both the control plane (to build P4Runtime messages) and the software target (to understand
-them) read the P4Info through this one class, so neither hard-codes an id.
+them) read the P4Info through this one class, so neither hard-codes an id. There is one build
+per lane width (``bml.protocol.BUILT_LANES``), in ``p4src/build/lanes<N>/``; a P4Info says its
+width (``P4Info.lanes``: one register per lane), so nobody assumes one.
 """
 
 from __future__ import annotations
@@ -15,10 +17,26 @@ from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
 from bml.paths import BUILD_DIR, P4SRC_DIR
+from bml.protocol import BUILT_LANES, DEFAULT_LANES
 
-P4INFO_PATH = BUILD_DIR / "bml.p4info.txtpb"
-BMV2_JSON_PATH = BUILD_DIR / "bml.json"
-SOURCE_HASH_PATH = BUILD_DIR / "p4src.sha256"
+LANE_REGISTER_PREFIX = "sum_"  # aggregation.p4: one register array per lane, sum_<block>_<lane>
+
+
+def build_dir(lanes: int = DEFAULT_LANES) -> Path:
+    """Where p4c's output for the ``lanes``-wide build is."""
+    return BUILD_DIR / f"lanes{lanes}"
+
+
+def p4info_path(lanes: int = DEFAULT_LANES) -> Path:
+    return build_dir(lanes) / "bml.p4info.txtpb"
+
+
+def bmv2_json_path(lanes: int = DEFAULT_LANES) -> Path:
+    return build_dir(lanes) / "bml.json"
+
+
+def source_hash_path(lanes: int = DEFAULT_LANES) -> Path:
+    return build_dir(lanes) / "p4src.sha256"
 
 
 def p4_sources() -> list[Path]:
@@ -87,6 +105,8 @@ class P4Info:
             c.preamble.name: (c.preamble.id, c.size) for c in message.counters
         }
         self.counter_by_id = {cid: name for name, (cid, _) in self.counters.items()}
+        self.lanes = sum(1 for r in message.registers
+                         if r.preamble.name.rpartition(".")[2].startswith(LANE_REGISTER_PREFIX))
         self.packet_out_metadata: dict[str, tuple[int, int]] = {}
         for header in message.controller_packet_metadata:
             if header.preamble.name == "packet_out":
@@ -117,20 +137,31 @@ def parse_p4info_text(text: str) -> p4info_pb2.P4Info:
     return message
 
 
-@cache
-def built_p4info() -> P4Info:
-    """The P4Info that p4c produced for ``p4src/``."""
-    if not P4INFO_PATH.exists():
-        raise PipelineNotBuilt(f"{P4INFO_PATH} is missing: run `make build`")
-    return P4Info(parse_p4info_text(P4INFO_PATH.read_text()))
+def _check_width(lanes: int) -> None:
+    if lanes not in BUILT_LANES:
+        raise PipelineNotBuilt(f"no {lanes}-lane build: p4src/build holds "
+                               f"{', '.join(map(str, BUILT_LANES))} lanes")
 
 
 @cache
-def built_device_config() -> bytes:
-    """The BMv2 JSON that p4c produced; the software target accepts exactly these bytes."""
-    if not BMV2_JSON_PATH.exists():
-        raise PipelineNotBuilt(f"{BMV2_JSON_PATH} is missing: run `make build`")
-    return BMV2_JSON_PATH.read_bytes()
+def built_p4info(lanes: int = DEFAULT_LANES) -> P4Info:
+    """The P4Info that p4c produced for ``p4src/`` at ``lanes``."""
+    _check_width(lanes)
+    path = p4info_path(lanes)
+    if not path.exists():
+        raise PipelineNotBuilt(f"{path} is missing: run `make build`")
+    return P4Info(parse_p4info_text(path.read_text()))
+
+
+@cache
+def built_device_config(lanes: int = DEFAULT_LANES) -> bytes:
+    """The BMv2 JSON that p4c produced at ``lanes``; the software target accepts exactly
+    these bytes."""
+    _check_width(lanes)
+    path = bmv2_json_path(lanes)
+    if not path.exists():
+        raise PipelineNotBuilt(f"{path} is missing: run `make build`")
+    return path.read_bytes()
 
 
 class Names:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from bml.paths import REPO_ROOT
+from bml.protocol import DEFAULT_LANES
 from emulation.net import find_bmv2
 from emulation.processes import stop_pid
 
@@ -111,12 +112,17 @@ class SwitchTestbed:
         self.log = self.log_dir / f"switch-{self.target}-{self.namespace}.log"
         self.process = start_switch(self.namespace, command, GRPC, self.log, self.target)
 
-    def run_ptf(self, tests: list[str] | None = None, timeout: float = 900) -> dict[str, str]:
-        """Run the PTF suite; returns {test name: 'ok' | 'FAIL' | 'ERROR' | 'skipped ...'}."""
+    def run_ptf(self, tests: list[str] | None = None, timeout: float = 900,
+                lanes: int = DEFAULT_LANES) -> dict[str, str]:
+        """Run the PTF suite against the switch running the ``lanes``-wide build (the test
+        parameter the tests read the width from); returns {test name: 'ok' | 'FAIL' |
+        'ERROR' | 'skipped ...'}."""
         command = [shutil.which("ptf") or str(Path(sys.executable).parent / "ptf"),
                    "--test-dir", str(PTF_DIR), "--pypath", str(REPO_ROOT),
                    "--log-dir", str(self.log_dir / f"ptf-{self.target}"),
-                   "--test-params", f"grpc_addr='{GRPC}';target='{self.target}'",
+                   "--socket-recv-size", "9216",  # PTF's 4096 would cut wide frames short
+                   "--test-params",
+                   f"grpc_addr='{GRPC}';target='{self.target}';lanes={lanes}",
                    *[a for p in self.ports for a in ("-i", f"{p}@t{p}")], *(tests or [])]
         done = subprocess.run(["ip", "netns", "exec", self.namespace, *command],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)

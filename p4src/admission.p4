@@ -32,14 +32,22 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         size = 4096;
     }
     apply {
-        // An aggregation packet is exactly one full frame, and a PROBE exactly the header:
-        // IPv4 and UDP lengths and the frame's own length must all say so (no trailing
-        // bytes).
-        bool probe = hdr.bml.isValid() && hdr.bml.type == TYPE_PROBE;
+        // A contribution carries exactly this build's blocks, and says so in count: a host
+        // of another width is told apart first, whatever length its frames have. PROBE
+        // copies a DATA header; a GENERATION question carries any count (its answer says
+        // this build's).
+        bool contribution = hdr.bml.isValid() && (hdr.bml.type == TYPE_DATA ||
+            hdr.bml.type == TYPE_BROADCAST || hdr.bml.type == TYPE_RESET ||
+            hdr.bml.type == TYPE_PROBE);
+        // An aggregation packet is exactly one full frame, and a PROBE or a GENERATION
+        // question exactly the header: IPv4 and UDP lengths and the frame's own length must
+        // all say so (no trailing bytes).
+        bool header_only = hdr.bml.isValid() && (hdr.bml.type == TYPE_PROBE ||
+            hdr.bml.type == TYPE_GENERATION);
         bit<16> ipv4_len = IPV4_LEN_FULL;
         bit<16> udp_len = UDP_LEN_FULL;
         bit<32> frame_bytes = FRAME_BYTES;
-        if (probe) {
+        if (header_only) {
             ipv4_len = IPV4_LEN_HEADER_ONLY;
             udp_len = UDP_LEN_HEADER_ONLY;
             frame_bytes = HEADER_ONLY_FRAME_BYTES;
@@ -47,13 +55,13 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         if (hdr.packet_out.isValid()) {
             frame_bytes = frame_bytes + PACKET_OUT_BYTES;
         }
-        if (!hdr.bml.isValid() || (!probe && !hdr.hi.isValid())) {
+        if (contribution && hdr.bml.count != LANE_BLOCKS) {
+            meta.drop_reason = DROP_BAD_WIDTH;
+        } else if (!hdr.bml.isValid() || (!header_only && !hdr.LAST_BLOCK.isValid())) {
             meta.drop_reason = DROP_SHORT_PACKET;
         } else if (hdr.ipv4.totalLen != ipv4_len || hdr.udp.length != udp_len ||
                    standard_metadata.packet_length != frame_bytes) {
             meta.drop_reason = DROP_BAD_LENGTH;
-        } else if (hdr.bml.count > VALUES_PER_PACKET) {
-            meta.drop_reason = DROP_BAD_COUNT;
         } else if (hdr.bml.version > 1 || (hdr.bml.type != TYPE_DATA &&
                    hdr.bml.type != TYPE_BROADCAST && hdr.bml.type != TYPE_RESET &&
                    hdr.bml.type != TYPE_GENERATION && hdr.bml.type != TYPE_PROBE)) {

@@ -19,7 +19,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     register<bit<32>>(POOL_COPIES) chunk_offset;
     register<bit<16>>(POOL_COPIES) copy_generation;
     register<bit<16>>(JOB_IDS) job_generation;
-    FOR_LANES(LANE_REGISTER)
+    FOR_BLOCKS(BLOCK_REGISTERS)
 
     apply {
         bit<32> copy0 = (meta.pool_base + (bit<32>)hdr.bml.slot) << 1;
@@ -51,10 +51,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 } else {
                     meta.stat = STAT_OLD_CALL;
                 }
+                // Header only, with this build's blocks: a host of another width learns it
+                // from its first answer.
                 hdr.bml.type = TYPE_GENERATION;
                 hdr.bml.generation = current;
-                hdr.lo.setInvalid();
-                hdr.hi.setInvalid();
+                hdr.bml.count = LANE_BLOCKS;
+                FOR_BLOCKS(INVALIDATE_BLOCK)
             } else {
                 bit<32> bitmap;
                 bit<8> count;
@@ -71,12 +73,23 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 }
 
                 if ((bitmap & me) != 0) {
+#if !PROBE_ANSWERS_SUM
+                    if (hdr.bml.type == TYPE_PROBE && count == meta.num_workers
+                            && stored_offset == hdr.bml.offset) {
+                        // A PROBE into its completed copy, in a build whose sum would grow the
+                        // 58-byte question by more than ANSWER_GROWTH_BYTES: MISSING (header
+                        // only, with the count), and the prober re-sends its full frame, which
+                        // is answered with the sum below.
+                        hdr.bml.type = TYPE_MISSING;
+                        hdr.bml.count = count;
+                        meta.stat = STAT_MISSING;
+                    } else
+#endif
                     if (count == meta.num_workers && stored_offset == hdr.bml.offset) {
                         // A retransmission (or a PROBE, which carries no lanes) into a
                         // completed copy: send the stored sum back.
-                        hdr.lo.setValid();
-                        hdr.hi.setValid();
-                        FOR_LANES(LANE_LOAD)
+                        FOR_BLOCKS(VALIDATE_BLOCK)
+                        FOR_BLOCKS(BLOCK_LOAD)
                         max_exponent.read(hdr.bml.exponent, idx);
                         hdr.bml.type = TYPE_RESULT_RETX;
                         meta.stat = STAT_RETX_ANSWERED;
@@ -87,8 +100,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         // waits for the others.
                         hdr.bml.type = TYPE_PENDING;
                         hdr.bml.count = count;
-                        hdr.lo.setInvalid();
-                        hdr.hi.setInvalid();
+                        FOR_BLOCKS(INVALIDATE_BLOCK)
                         meta.stat = STAT_PENDING;
                     } else {
                         meta.stat = STAT_DUPLICATE;
@@ -130,7 +142,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         exponent = hdr.bml.exponent;
                     }
                     max_exponent.write(idx, exponent);
-                    FOR_LANES(LANE_ADD)
+                    FOR_BLOCKS(BLOCK_ADD)
                     meta.stat = STAT_AGGREGATED;
                     if (count == meta.num_workers) {
                         meta.completed = 1;

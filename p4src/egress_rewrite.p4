@@ -34,11 +34,10 @@ control EgressRewrite(inout headers_t hdr, inout metadata_t meta,
                 if (meta.result_mode == MODE_TO_OWNER && (hdr.bml.type == TYPE_RESULT ||
                         hdr.bml.type == TYPE_RESULT_RETX) &&
                         standard_metadata.egress_port != meta.owner_port) {
-                    hdr.lo.setInvalid();
-                    hdr.hi.setInvalid();
+                    FOR_BLOCKS(INVALIDATE_BLOCK)
                     hdr.bml.type = TYPE_ACK;
                 }
-                if (hdr.lo.isValid()) {
+                if (hdr.b00.isValid()) {
                     hdr.ipv4.totalLen = IPV4_LEN_FULL;
                     hdr.udp.length = UDP_LEN_FULL;
                 } else {

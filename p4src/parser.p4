@@ -41,11 +41,11 @@ parser BmlParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
             default: accept;
         }
     }
-    // A short aggregation packet stops here with lo or hi invalid; ingress drops and counts it.
+    // A shorter aggregation packet stops here with a block invalid (a header-only PROBE or
+    // GENERATION with b00 invalid); admission tells which of them may be short.
     state parse_bml {
         pkt.extract(hdr.bml);
-        pkt.extract(hdr.lo);
-        pkt.extract(hdr.hi);
+        FOR_BLOCKS(EXTRACT_BLOCK)
         transition accept;
     }
 }
@@ -56,8 +56,7 @@ control BmlDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.bml);
-        pkt.emit(hdr.lo);
-        pkt.emit(hdr.hi);
+        FOR_BLOCKS(EMIT_BLOCK)
     }
 }
 

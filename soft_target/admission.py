@@ -1,20 +1,23 @@
 """Which jobs exist and which worker sits on which port: the software target's twin of
 ``p4src/admission.p4`` (programmed by ``control_plane/admission.py``), with its checks in the
-same order, so that a packet failing several is counted under the same drop reason."""
+same order, so that a packet failing several is counted under the same drop reason. The
+width is the pipeline's (``bml.protocol.Wire``): a contribution whose ``count`` is not its
+blocks is a host of another width, told apart before any length check."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bml.protocol import CPU_PORT, VALUES_PER_PACKET
+from bml.protocol import CPU_PORT, Wire
 from control_plane.p4info import Names
 from soft_target.defines import (
-    DROP_BAD_COUNT,
     DROP_BAD_LENGTH,
     DROP_BAD_SLOT,
     DROP_BAD_TYPE,
+    DROP_BAD_WIDTH,
     DROP_FORGED_CONTROL,
     DROP_FORGED_WORKER,
+    DROP_SHORT_PACKET,
     DROP_UNKNOWN_JOB,
     DROP_WRONG_PORT,
     TYPE_BROADCAST,
@@ -24,18 +27,18 @@ from soft_target.defines import (
     TYPE_RESET,
 )
 from soft_target.parser import (
-    FULL_END,
     HEADER_END,
-    IPV4_LEN_FULL,
     IPV4_LEN_HEADER_ONLY,
-    UDP_LEN_FULL,
     UDP_LEN_HEADER_ONLY,
+    full_lengths,
 )
 from soft_target.tables import Row, SoftTable, named_params, port_by_key
 
 _ACCEPTED_TYPES = (TYPE_DATA, TYPE_BROADCAST, TYPE_RESET, TYPE_GENERATION, TYPE_PROBE)
-_IPV4_LEN_FULL = IPV4_LEN_FULL.to_bytes(2, "big")
-_UDP_LEN_FULL = UDP_LEN_FULL.to_bytes(2, "big")
+# Types whose count must be the pipeline's blocks (a PROBE copies a DATA header); a
+# GENERATION question may carry any.
+_CONTRIBUTIONS = (TYPE_DATA, TYPE_BROADCAST, TYPE_RESET, TYPE_PROBE)
+_HEADER_ONLY = (TYPE_PROBE, TYPE_GENERATION)  # hdr.bml alone, nothing after it
 _IPV4_LEN_HEADER_ONLY = IPV4_LEN_HEADER_ONLY.to_bytes(2, "big")
 _UDP_LEN_HEADER_ONLY = UDP_LEN_HEADER_ONLY.to_bytes(2, "big")
 
@@ -73,28 +76,35 @@ TABLES = {
 class Admission:
     """Counts its drops into BmlIngress's ``drops``, as admission.p4 sets meta.drop_reason."""
 
-    def __init__(self, drops: list[int]) -> None:
+    def __init__(self, drops: list[int], wire: Wire) -> None:
         self.drops = drops
+        self.blocks = wire.blocks  # LANE_BLOCKS
+        self.full_end = wire.frame_bytes  # FRAME_BYTES
+        ipv4_len, udp_len = full_lengths(wire)
+        self.ipv4_len_full = ipv4_len.to_bytes(2, "big")
+        self.udp_len_full = udp_len.to_bytes(2, "big")
 
     def apply(self, tables: AdmissionTables, port: int, frame: bytes, from_controller: bool,
               ptype: int, version: int, job_id: int, worker_id: int, slot: int,
               count: int) -> JobConfig | None:
         """The job an aggregation packet belongs to, or None when it is dropped. The frame
-        holds a whole header stack, or hdr.bml for a PROBE (the pipeline drops a shorter one
-        as SHORT_PACKET, the first check, before the header is unpacked); the fields are
-        hdr.bml's."""
+        holds hdr.bml at least (the pipeline drops a shorter one as SHORT_PACKET before the
+        header is unpacked); the fields are hdr.bml's."""
         drops = self.drops
-        if ptype == TYPE_PROBE:  # the header alone, and lengths that say so
+        if count != self.blocks and ptype in _CONTRIBUTIONS:  # a host of another width
+            drops[DROP_BAD_WIDTH] += 1
+            return None
+        if ptype in _HEADER_ONLY:  # the header alone, and lengths that say so
             bad_length = len(frame) != HEADER_END or frame[16:18] != _IPV4_LEN_HEADER_ONLY \
                 or frame[38:40] != _UDP_LEN_HEADER_ONLY
         else:
-            bad_length = len(frame) != FULL_END or frame[16:18] != _IPV4_LEN_FULL or \
-                frame[38:40] != _UDP_LEN_FULL
+            if len(frame) < self.full_end:  # the parser extracted no last block
+                drops[DROP_SHORT_PACKET] += 1
+                return None
+            bad_length = len(frame) != self.full_end or frame[16:18] != self.ipv4_len_full \
+                or frame[38:40] != self.udp_len_full
         if bad_length:
             drops[DROP_BAD_LENGTH] += 1
-            return None
-        if count > VALUES_PER_PACKET:
-            drops[DROP_BAD_COUNT] += 1
             return None
         if version > 1 or ptype not in _ACCEPTED_TYPES:
             drops[DROP_BAD_TYPE] += 1

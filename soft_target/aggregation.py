@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bml.protocol import POOL_SLOTS, VALUES_PER_PACKET, newer_generation
+from bml.protocol import POOL_SLOTS, Wire, newer_generation
 from soft_target.defines import (
     DROP_STALE,
     STAT_AGGREGATED,
@@ -29,8 +29,9 @@ from soft_target.defines import (
     TYPE_RESET,
     TYPE_RESULT,
     TYPE_RESULT_RETX,
+    probe_answers_sum,
 )
-from soft_target.parser import FULL_END, VALUES_OFF
+from soft_target.parser import VALUES_OFF
 
 if TYPE_CHECKING:
     from soft_target.admission import JobConfig
@@ -48,10 +49,14 @@ class Aggregation:
     called here, where the outcome is known, rather than returned to the pipeline, so that no
     object is built per packet to carry it."""
 
-    def __init__(self, stats: list[int], drops: list[int], route: Route) -> None:
+    def __init__(self, stats: list[int], drops: list[int], route: Route, wire: Wire) -> None:
         self.stats = stats
         self.drops = drops
         self.route = route
+        self.lanes = wire.lanes
+        self.blocks = wire.blocks  # LANE_BLOCKS: what a GENERATION answer's count says
+        self.full_end = wire.frame_bytes
+        self.probe_answers_sum = probe_answers_sum(wire)  # PROBE_ANSWERS_SUM
         self.reset_registers()
 
     def reset_registers(self) -> None:
@@ -62,7 +67,7 @@ class Aggregation:
         self.chunk_offset = [0] * POOL_COPIES
         self.copy_generation = [0] * POOL_COPIES
         self.job_generation = [0] * JOB_IDS
-        self.sums = np.zeros((POOL_COPIES, VALUES_PER_PACKET), dtype=np.int32)
+        self.sums = np.zeros((POOL_COPIES, self.lanes), dtype=np.int32)
 
     def apply(self, tables: Tables, frame: bytes, port: int, job: JobConfig, job_id: int,
               ptype: int, version: int, worker_id: int, slot: int, exponent: int,
@@ -86,10 +91,11 @@ class Aggregation:
             if job_id < JOB_IDS:
                 self.job_generation[job_id] = current
         if ptype == TYPE_GENERATION or generation != current:
-            # A query, or a contribution of an older call: answered with the job's generation.
+            # A query, or a contribution of an older call: answered with the job's generation
+            # and this pipeline's blocks (a host of another width learns it at once).
             stats[STAT_GENERATION if ptype == TYPE_GENERATION else STAT_OLD_CALL] += 1
             return self.route(tables, frame, port, job, TYPE_GENERATION, exponent, b"",
-                              generation=current)
+                              generation=current, count=self.blocks)
         if past:
             return self._past_registers(tables, frame, port, job, ptype, exponent)
         idx = copy0 | version
@@ -102,6 +108,12 @@ class Aggregation:
             bitmap = count = 0  # left by an older call: abandoned
         if bitmap & me:
             if count == job.num_workers and stored_offset == offset:
+                if ptype == TYPE_PROBE and not self.probe_answers_sum:
+                    # The sum would grow the header-only question by more than
+                    # ANSWER_GROWTH_BYTES: MISSING, and the full frame re-sent gets the sum.
+                    stats[STAT_MISSING] += 1
+                    return self.route(tables, frame, port, job, TYPE_MISSING, exponent, b"",
+                                      count=count)
                 stats[STAT_RETX_ANSWERED] += 1
                 values = self.sums[idx].astype(_BE_VALUES).tobytes()
                 return self.route(tables, frame, port, job, TYPE_RESULT_RETX,
@@ -127,8 +139,7 @@ class Aggregation:
             stats[STAT_DUPLICATE] += 1
             return []
         row = self.sums[idx]
-        incoming = np.frombuffer(frame, dtype=_BE_VALUES, count=VALUES_PER_PACKET,
-                                 offset=VALUES_OFF)
+        incoming = np.frombuffer(frame, dtype=_BE_VALUES, count=self.lanes, offset=VALUES_OFF)
         if bitmap == 0:
             count = 0
             best = 0
@@ -167,4 +178,4 @@ class Aggregation:
             return []
         self.stats[STAT_COMPLETED] += 1
         return self.route(tables, frame, port, job, TYPE_RESULT, exponent,
-                          frame[VALUES_OFF:FULL_END])
+                          frame[VALUES_OFF:self.full_end])

@@ -8,7 +8,7 @@ loop does a dozen per packet.
 
 from __future__ import annotations
 
-from bml.protocol import DropReason, PacketType, ResultMode, Stat
+from bml.protocol import DropReason, PacketType, ResultMode, Stat, Wire
 
 TYPE_DATA = int(PacketType.DATA)
 TYPE_RESULT = int(PacketType.RESULT)
@@ -35,8 +35,20 @@ STAT_OLD_CALL = int(Stat.OLD_CALL)
 STAT_PENDING = int(Stat.PENDING)
 STAT_MISSING = int(Stat.MISSING)
 
+# No answer is larger than its question by more than this (BMv2's simple_switch gives a packet
+# that much room to grow): a PROBE (header only) is answered with the stored sum only where the
+# lanes fit in it, at most 4 blocks; in wider builds MISSING instead (defines.p4's
+# PROBE_ANSWERS_SUM).
+ANSWER_GROWTH_BYTES = 512
+
+
+def probe_answers_sum(wire: Wire) -> bool:
+    """PROBE_ANSWERS_SUM at ``wire``'s width: does a PROBE into its completed copy get the sum?"""
+    return wire.values_bytes <= ANSWER_GROWTH_BYTES
+
+
 DROP_SHORT_PACKET = int(DropReason.SHORT_PACKET)
-DROP_BAD_COUNT = int(DropReason.BAD_COUNT)
+DROP_BAD_WIDTH = int(DropReason.BAD_WIDTH)
 DROP_UNKNOWN_JOB = int(DropReason.UNKNOWN_JOB)
 DROP_FORGED_WORKER = int(DropReason.FORGED_WORKER)
 DROP_WRONG_PORT = int(DropReason.WRONG_PORT)

@@ -8,19 +8,18 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from bml.protocol import BML_UDP_PORT
+from bml.protocol import BML_UDP_PORT, Wire
 from control_plane.p4info import Names
 from soft_target.defines import TYPE_ACK, TYPE_BROADCAST
 from soft_target.parser import (
     BML_OFF,
     ETH,
     IPV4_HEAD,
-    IPV4_LEN_FULL,
     IPV4_LEN_HEADER_ONLY,
     UDP_HALF,
-    UDP_LEN_FULL,
     UDP_LEN_HEADER_ONLY,
     VALUES_OFF,
+    full_lengths,
 )
 from soft_target.tables import Row, SoftTable, byte_params
 
@@ -65,8 +64,9 @@ TABLES = {
 class EgressRewrite:
     """Holds egress_rewrite.p4's ``unaddressed`` counter: copies to a port with no host."""
 
-    def __init__(self) -> None:
+    def __init__(self, wire: Wire) -> None:
         self.unaddressed = [0]
+        self.ipv4_len_full, self.udp_len_full = full_lengths(wire)
 
     def apply(self, tables: EgressRewriteTables, frame: bytes, port: int, ptype: int,
               exponent: int, values: bytes, generation: int | None, count: int | None,
@@ -108,7 +108,7 @@ class EgressRewrite:
                 ip_len, udp_len = IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY
             else:
                 body = full_body
-                ip_len, udp_len = IPV4_LEN_FULL, UDP_LEN_FULL
+                ip_len, udp_len = self.ipv4_len_full, self.udp_len_full
             total = trigger_sum + ip_len + address.address_sum
             total = (total & 0xFFFF) + (total >> 16)
             total = (total & 0xFFFF) + (total >> 16)

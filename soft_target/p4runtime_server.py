@@ -1,7 +1,8 @@
 """P4Runtime over gRPC for the software target: the subset the control plane uses.
 
 Served: Capabilities; StreamChannel (arbitration, PacketOut); Set/GetForwardingPipelineConfig
-(only the P4Info and BMv2 JSON in ``p4src/build`` are accepted); Write and Read of table
+(only a P4Info and BMv2 JSON of one of the builds in ``p4src/build`` are accepted, and the
+pipeline takes that build's lane width); Write and Read of table
 entries, multicast groups and counters. Errors follow PI's conventions (a Write error is
 gRPC UNKNOWN with one ``p4.v1.Error`` per update), so p4runtime-shell's error parsing and the
 control plane behave the same against this server and against simple_switch_grpc. As in PI,
@@ -22,13 +23,24 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from bml.protocol import CPU_PORT
-from control_plane.p4info import Names, P4Info, built_device_config, built_p4info
+from bml.paths import REPO_ROOT
+from bml.protocol import BUILT_LANES, CPU_PORT
+from control_plane.p4info import (
+    LANE_REGISTER_PREFIX,
+    Names,
+    P4Info,
+    PipelineNotBuilt,
+    build_dir,
+    built_device_config,
+    built_p4info,
+)
 from soft_target.pipeline import TABLES, Pipeline
 from soft_target.tables import Row
 
 log = logging.getLogger(__name__)
 API_VERSION = "1.4.1"
+# gRPC's default 4 MB is less than the widest build's device config (its BMv2 JSON: 33 MB).
+MAX_MESSAGE_BYTES = 256 << 20
 Key = tuple[int, ...]
 
 
@@ -63,10 +75,10 @@ def _compile_table(name: str, rows: list[Row]) -> dict:
     return table.compile(rows)
 
 
-def _initial_defaults(p4info: P4Info) -> dict[int, p4runtime_pb2.TableEntry]:
+def _initial_defaults(p4info: P4Info, lanes: int) -> dict[int, p4runtime_pb2.TableEntry]:
     """Each table's default entry as the P4 program sets it (the BMv2 JSON holds it; the
     P4Info does not), the way PI reads it back."""
-    program = json.loads(built_device_config())
+    program = json.loads(built_device_config(lanes))
     names = {action["id"]: action["name"] for action in program["actions"]}
     defaults = {}
     for pipe in program["pipelines"]:
@@ -82,6 +94,30 @@ def _initial_defaults(p4info: P4Info) -> dict[int, p4runtime_pb2.TableEntry]:
 
 
 _TABLE_ATTRIBUTE = {name: table.attribute for name, table in TABLES.items()}
+
+
+def _lanes_of(p4info) -> int:
+    """The width a P4Info message claims (P4Info.lanes' rule), read without indexing it."""
+    return sum(1 for r in p4info.registers
+               if r.preamble.name.rpartition(".")[2].startswith(LANE_REGISTER_PREFIX))
+
+
+def _built_width(config) -> int | str:
+    """The width of the build whose P4Info and device config ``config`` holds, or why none."""
+    lanes = _lanes_of(config.p4info)
+    if lanes not in BUILT_LANES:
+        return (f"the P4Info has {lanes} lane registers, and p4src/build holds "
+                f"{', '.join(map(str, BUILT_LANES))}-lane builds")
+    try:
+        reference, device_config = built_p4info(lanes), built_device_config(lanes)
+    except PipelineNotBuilt as exc:
+        return str(exc)
+    where = build_dir(lanes).relative_to(REPO_ROOT)
+    if config.p4info != reference.message:
+        return f"the P4Info differs from {where}/bml.p4info.txtpb"
+    if config.p4_device_config != device_config:
+        return f"the device config differs from {where}/bml.json"
+    return lanes
 
 
 class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -141,28 +177,25 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if action not in (actions.VERIFY, actions.VERIFY_AND_COMMIT, actions.COMMIT,
                           actions.RECONCILE_AND_COMMIT):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported action {action}")
-        reference = built_p4info()
-        if action != actions.COMMIT:
-            if request.config.p4info != reference.message:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              "this software target runs only the BML-INA pipeline: the P4Info "
-                              "differs from p4src/build/bml.p4info.txtpb")
-            if request.config.p4_device_config != built_device_config():
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              "this software target runs only the BML-INA pipeline: the device "
-                              "config differs from p4src/build/bml.json")
+        lanes = _built_width(request.config)
+        if action == actions.COMMIT and not isinstance(lanes, int):
+            lanes = self.pipeline.lanes  # a config given before (none: the default build)
+        if not isinstance(lanes, int):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"this software target runs only the BML-INA pipeline: {lanes}")
         if action == actions.VERIFY:
             return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+        reference = built_p4info(lanes)
         with self.lock:
             self.p4info = reference
             self.cookie = request.config.cookie.cookie
             self.entries = {t.id: {} for t in reference.tables.values()}
-            self.defaults = _initial_defaults(reference)
+            self.defaults = _initial_defaults(reference, lanes)
             self.groups = {}
             done = threading.Event()
 
             def reset() -> None:
-                self.pipeline.__init__()
+                self.pipeline.__init__(lanes=lanes)
                 done.set()
 
             self.run_in_loop(reset)
@@ -180,7 +213,7 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
         if request.response_type in (kinds.ALL, kinds.P4INFO_AND_COOKIE):
             response.config.p4info.CopyFrom(self.p4info.message)
         if request.response_type in (kinds.ALL, kinds.DEVICE_CONFIG_AND_COOKIE):
-            response.config.p4_device_config = built_device_config()
+            response.config.p4_device_config = built_device_config(self.p4info.lanes)
         response.config.cookie.cookie = self.cookie
         return response
 
@@ -363,7 +396,7 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
             raise WriteError(code_pb2.INVALID_ARGUMENT,
                              f"{table.name}: a default entry has no match and no priority")
         if not entry.HasField("action"):
-            self.defaults[table.id] = _initial_defaults(p4info)[table.id]
+            self.defaults[table.id] = _initial_defaults(p4info, p4info.lanes)[table.id]
             return table.id
         self._action(p4info, table, entry, default=True)  # validates
         stored = p4runtime_pb2.TableEntry()
@@ -504,7 +537,9 @@ class SoftP4RuntimeServicer(p4runtime_pb2_grpc.P4RuntimeServicer):
 def serve(servicer: SoftP4RuntimeServicer, address: str) -> tuple[grpc.Server, int]:
     """Start the gRPC server on ``address`` (host:port, port 0 = any); returns it and its
     port. Raises OSError if the address cannot be bound."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import struct
 
-from bml.protocol import BML_UDP_PORT, HEADER_BYTES, HEADER_STRUCT, VALUES_PER_PACKET
+from bml.protocol import BML_UDP_PORT, HEADER_BYTES, HEADER_STRUCT, Wire
 
 ETH, IP, UDP = 14, 20, 8
 BML_OFF = ETH + IP + UDP  # 42
-VALUES_OFF = BML_OFF + HEADER_BYTES  # 58
-FULL_END = VALUES_OFF + 4 * VALUES_PER_PACKET  # 314: hdr.bml, hdr.lo and hdr.hi all extracted
-LO_END = VALUES_OFF + 2 * VALUES_PER_PACKET  # 186
-HEADER_END = VALUES_OFF  # 58: a PROBE, hdr.bml alone
-IPV4_LEN_FULL, UDP_LEN_FULL = 300, 280
-IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = 44, 24
+VALUES_OFF = BML_OFF + HEADER_BYTES  # 58: hdr.b00 starts here
+HEADER_END = VALUES_OFF  # 58: a PROBE or GENERATION question, hdr.bml alone
+IPV4_LEN_HEADER_ONLY, UDP_LEN_HEADER_ONLY = IP + UDP + HEADER_BYTES, UDP + HEADER_BYTES  # 44, 24
 IPV4_WORDS = struct.Struct("!10H")
 UDP_HALF = struct.Struct("!HH")  # two words of the UDP header: ports, or length and checksum
 IPV4_HEAD = struct.Struct("!BBH2s2sBBH")  # up to the checksum; the addresses follow
@@ -48,3 +45,14 @@ def ipv4_checksum(header: bytes | bytearray) -> int:
     total = (total & 0xFFFF) + (total >> 16)
     total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
+
+
+def full_end(wire: Wire) -> int:
+    """Where a full packet of ``wire``'s width ends: every block hdr.b00 .. extracted
+    (FRAME_BYTES in defines.p4)."""
+    return wire.frame_bytes
+
+
+def full_lengths(wire: Wire) -> tuple[int, int]:
+    """IPV4_LEN_FULL and UDP_LEN_FULL at ``wire``'s width."""
+    return IP + UDP + wire.payload_bytes, UDP + wire.payload_bytes

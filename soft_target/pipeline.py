@@ -11,13 +11,23 @@ the P4 program is the reference.
 Table contents are plain dicts in one ``Tables`` snapshot that the P4Runtime server
 (``soft_target.p4runtime_server``) replaces whole on every write: the packet loop never sees
 a half-written table, and one packet sees the same tables from admission to egress.
+
+A pipeline has one lane width, as a P4 build does (``Pipeline(lanes=...)``, one of
+``bml.protocol.BUILT_LANES``; the P4Runtime server sets the width of the build it is given).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bml.protocol import CONTROLLER_MAGIC, CPU_PORT, DROPS_SIZE, STATS_SIZE
+from bml.protocol import (
+    CONTROLLER_MAGIC,
+    CPU_PORT,
+    DEFAULT_LANES,
+    DROPS_SIZE,
+    STATS_SIZE,
+    wire,
+)
 from soft_target import admission, egress_rewrite, forwarding, result_routing
 from soft_target.admission import Admission, AdmissionTables, JobConfig
 from soft_target.aggregation import JOB_IDS, POOL_COPIES, Aggregation
@@ -26,23 +36,20 @@ from soft_target.defines import (
     DROP_SHORT_PACKET,
     STAT_BROADCAST,
     TYPE_BROADCAST,
-    TYPE_PROBE,
 )
 from soft_target.egress_rewrite import EgressRewrite, EgressRewriteTables, HostAddress
 from soft_target.forwarding import Forwarding, ForwardingTables
 from soft_target.parser import (
     BML_OFF,
     ETH,
-    FULL_END,
     HEADER_END,
     IP,
-    IPV4_LEN_FULL,
     IPV4_LEN_HEADER_ONLY,
-    LO_END,
     UDP,
-    UDP_LEN_FULL,
     UDP_LEN_HEADER_ONLY,
     VALUES_OFF,
+    full_end,
+    full_lengths,
     ipv4_checksum,
     is_bml,
     unpack_bml,
@@ -51,9 +58,9 @@ from soft_target.result_routing import ResultRouting, ResultRoutingTables
 from soft_target.tables import SoftTable
 
 __all__ = [
-    "BML_OFF", "ETH", "FULL_END", "IP", "IPV4_LEN_FULL", "IPV4_LEN_HEADER_ONLY", "JOB_IDS",
-    "LO_END", "POOL_COPIES", "TABLES", "UDP", "UDP_LEN_FULL", "UDP_LEN_HEADER_ONLY",
-    "VALUES_OFF", "HostAddress", "JobConfig", "Pipeline", "Tables", "ipv4_checksum",
+    "BML_OFF", "ETH", "HEADER_END", "IP", "IPV4_LEN_HEADER_ONLY", "JOB_IDS", "POOL_COPIES",
+    "TABLES", "UDP", "UDP_LEN_HEADER_ONLY", "VALUES_OFF", "HostAddress", "JobConfig",
+    "Pipeline", "Tables", "full_end", "full_lengths", "ipv4_checksum",
 ]
 
 # Every P4 table the software target serves, by P4 name: each control module declares its own.
@@ -91,15 +98,19 @@ class Pipeline:
     job_generation = _register("job_generation")
     sums = _register("sums")
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = DEFAULT_LANES) -> None:
+        self.wire = wire(lanes)  # raises WidthError for a width no packet has
+        self.lanes = lanes
+        self.full_end = self.wire.frame_bytes
         self.tables = Tables()
         self.stats = [0] * STATS_SIZE  # BmlIngress's counters, which the controls count into
         self.drops = [0] * DROPS_SIZE
         self.forwarding = Forwarding(self.stats, self.drops)
-        self.admission = Admission(self.drops)
-        self.egress_rewrite = EgressRewrite()
+        self.admission = Admission(self.drops, self.wire)
+        self.egress_rewrite = EgressRewrite(self.wire)
         self.result_routing = ResultRouting(self.drops, self.egress_rewrite.apply)
-        self.aggregation = Aggregation(self.stats, self.drops, self.result_routing.apply)
+        self.aggregation = Aggregation(self.stats, self.drops, self.result_routing.apply,
+                                       self.wire)
         self.unaddressed = self.egress_rewrite.unaddressed
         self._forward = self.forwarding.apply
         self._admit = self.admission.apply
@@ -125,10 +136,9 @@ class Pipeline:
         tables = self.tables
         if not is_bml(frame):
             return self._forward(tables, frame)
-        # The parser extracted no whole bml, lo and hi (a PROBE: no whole bml): admission's
-        # first check, made here because hdr.bml cannot be unpacked before it.
-        if len(frame) < FULL_END and (len(frame) < HEADER_END
-                                      or frame[BML_OFF] != TYPE_PROBE):
+        # The parser extracted no whole bml: admission's short-packet check, made here
+        # because hdr.bml cannot be unpacked before it (admission makes the others).
+        if len(frame) < HEADER_END:
             self.drops[DROP_SHORT_PACKET] += 1
             return []
         (ptype, version, job_id, worker_id, _owner, slot, exponent, count, generation,
@@ -140,6 +150,6 @@ class Pipeline:
         if ptype == TYPE_BROADCAST:
             self.stats[STAT_BROADCAST] += 1
             return self._route(tables, frame, port, job, ptype, exponent,
-                               frame[VALUES_OFF:FULL_END])
+                               frame[VALUES_OFF:self.full_end])
         return self._aggregate(tables, frame, port, job, job_id, ptype, version, worker_id,
                                slot, exponent, generation, offset)

@@ -36,15 +36,17 @@ from bml.protocol import (
     BML_UDP_PORT,
     CONTROLLER_MAGIC,
     CPU_PORT,
+    DEFAULT_WIRE,
     EXPONENT_NONE,
     GENERATION_HALF,
     GENERATIONS,
-    VALUES_PER_PACKET,
-    VALUES_STRUCT,
     DropReason,
     PacketType,
     ResultMode,
     Stat,
+    job_udp_port,
+    pack_header,
+    wire,
 )
 from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
@@ -57,6 +59,9 @@ PORTS = tuple(range(1, 9))
 ADDRESSED_PORTS = tuple(range(1, 8))  # port 8 has no host_address: copies to it are counted
 FORWARDED_PORTS = tuple(range(1, 7))  # host MACs with an l2_forward entry
 UNKNOWN_MAC = bytes.fromhex("02aa00000099")
+WIRE = DEFAULT_WIRE  # the switch's width: the default build's
+LANES = WIRE.lanes
+OTHER_WIRE = wire(256)  # a host of another build
 
 
 # ---------------------------------------------------------------------------- the scenario
@@ -151,7 +156,7 @@ class Generator:
         big = rng.random() < 0.3  # full-range values: the sums wrap
         bound = (1 << 31) - 1 if big else 1 << 20
         values = {w: tuple(rng.randint(-bound - 1, bound) if rng.random() < 0.9 else 0
-                           for _ in range(VALUES_PER_PACKET)) for w in workers}
+                           for _ in range(LANES)) for w in workers}
         exponents = {w: rng.choice((EXPONENT_NONE, rng.randint(1, 255))) for w in workers}
         return Round(job, slot, use, next(self.offsets), owner,
                      self.call_generation[job.job_id], exponents, values)
@@ -167,7 +172,7 @@ class Generator:
 
     def _poison(self) -> tuple[int, ...]:
         return tuple(self.rng.randint(-(1 << 31), (1 << 31) - 1)
-                     for _ in range(VALUES_PER_PACKET))
+                     for _ in range(LANES))
 
     def _ip_fields(self) -> dict[int, int]:
         """Varying IPv4 fields a result must copy (TOS, identification, DF, the reserved
@@ -178,12 +183,10 @@ class Generator:
                 "ttl": self.rng.choice((64, 1, 255))}
 
     def _bml_fields(self) -> dict[int, int]:
-        """BML fields the switch copies but does not act on: ``count`` (every lane is added
-        whatever it says, up to 64); and ``generation``, which a BROADCAST does not use (a
-        contribution's is its round's)."""
-        rng = self.rng
-        return {"count": rng.choice((VALUES_PER_PACKET,) * 3 + (0, rng.randint(1, 63))),
-                "generation": rng.choice((0, 0, 0, rng.randrange(1 << 16)))}
+        """A BML field the switch copies but does not act on: ``generation``, which a
+        BROADCAST does not use (a contribution's is its round's). (``count`` is the switch's
+        blocks, which aggregation_frame writes.)"""
+        return {"generation": self.rng.choice((0, 0, 0, self.rng.randrange(1 << 16)))}
 
     def _frame(self, rnd: Round, worker: int, values: tuple[int, ...] | None = None,
                **overrides: int) -> bytes:
@@ -296,7 +299,8 @@ class Generator:
         rnd, worker = self.rng.choice(choices)
         job, port = rnd.job, rnd.job.workers[worker]
         frame = probe_frame(port, job.job_id, worker, rnd.slot, rnd.version, rnd.offset,
-                            owner=rnd.owner, generation=rnd.generation, **self._ip_fields())
+                            owner=rnd.owner, generation=rnd.generation, count=WIRE.blocks,
+                            **self._ip_fields())
         if rnd.generation != self.model.generation[job.job_id]:
             expect, what = self.model.generation_answer(job.job_id, frame, port,
                                                         Stat.OLD_CALL), "probe old call"
@@ -356,7 +360,7 @@ class Generator:
         job, rng = rnd.job, self.rng
         poison = self._poison()
         port = job.workers[worker]
-        kind = self._deal(("job", "worker", "port", "slot", "count", "type", "version",
+        kind = self._deal(("job", "worker", "port", "slot", "count", "width", "type", "version",
                            "reset", "magic", "cpu-job", "cpu-data", "cpu-tail", "cpu-short",
                            "cpu-wide"))
         if kind == "job":
@@ -378,9 +382,21 @@ class Generator:
                                       job.group.pool_size + rng.randrange(3), rnd.version,
                                       rnd.offset, poison)
             self._add("bad slot", port, frame, self.model.drop(DropReason.BAD_SLOT))
-        elif kind == "count":
-            frame = self._frame(rnd, worker, poison, count=rng.randint(65, 255))
-            self._add("bad count", port, frame, self.model.drop(DropReason.BAD_COUNT))
+        elif kind == "count":  # the switch's length, another count
+            count = rng.choice([c for c in (0, 1, OTHER_WIRE.blocks, 255, rng.randrange(256))
+                                if c != WIRE.blocks])
+            ptype = rng.choice((PacketType.DATA, PacketType.DATA, PacketType.BROADCAST))
+            frame = self._frame(rnd, worker, poison, count=count, ptype=ptype)
+            self._add("bad width", port, frame, self.model.drop(DropReason.BAD_WIDTH))
+        elif kind == "width":  # a host of another build: its own length and count
+            values = (poison * (OTHER_WIRE.lanes // LANES + 1))[:OTHER_WIRE.lanes]
+            if rng.random() < 0.5:
+                frame = self._frame(rnd, worker, values)
+            else:
+                frame = probe_frame(port, job.job_id, worker, rnd.slot, rnd.version,
+                                    rnd.offset, generation=rnd.generation,
+                                    count=OTHER_WIRE.blocks)
+            self._add("another width", port, frame, self.model.drop(DropReason.BAD_WIDTH))
         elif kind == "type":
             ptype = rng.choice((0, PacketType.RESULT, PacketType.RESULT_RETX, PacketType.ACK, 8,
                                 255))
@@ -419,7 +435,7 @@ class Generator:
                 frame += bytes(rng.randint(1, 8))
                 expect = self.model.drop(DropReason.BAD_LENGTH)
             else:
-                frame = frame[:rng.randint(42, 313)]
+                frame = frame[:rng.randint(42, WIRE.frame_bytes - 1)]
                 expect = self.model.drop(DropReason.SHORT_PACKET)
             self._add(f"packet-out, reset {kind[4:]}", CPU_PORT, frame, expect)
         else:
@@ -459,16 +475,18 @@ class Generator:
         elif kind == "proto":
             frame = forge.ip_protocol(frame, rng.choice((6, 1, 132)))
         elif kind == "ip-len":
-            frame = forge.ip_length(frame, rng.choice((44, 299, 301, 1500, 0)))
+            full = 20 + 8 + WIRE.payload_bytes
+            frame = forge.ip_length(frame, rng.choice((44, full - 1, full + 1, 9000, 0)))
             drop = DropReason.BAD_LENGTH
         elif kind == "udp-len":
-            frame = forge.udp_length(frame, rng.choice((24, 279, 281, 8, 0xFFFF)))
+            full = 8 + WIRE.payload_bytes
+            frame = forge.udp_length(frame, rng.choice((24, full - 1, full + 1, 8, 0xFFFF)))
             drop = DropReason.BAD_LENGTH
         elif kind == "trailing":
             frame = frame + bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
             drop = DropReason.BAD_LENGTH
         elif kind == "short":
-            frame = frame[:rng.randint(42, 313)]
+            frame = frame[:rng.randint(42, WIRE.frame_bytes - 1)]
             drop = DropReason.SHORT_PACKET
         elif kind == "no-udp":  # too short for a UDP header: nothing says it is for the switch
             frame = frame[:rng.randint(34, 41)]
@@ -535,7 +553,7 @@ class Generator:
             **self._ip_fields(), **self._bml_fields())
         expect = Expect(stats=Counter({Stat.BROADCAST: 1}))
         others = [p for p in sorted(job.workers.values()) if p != port]
-        self.model.copies(frame, PacketType.BROADCAST, exponent, VALUES_STRUCT.pack(*values),
+        self.model.copies(frame, PacketType.BROADCAST, exponent, WIRE.values_struct.pack(*values),
                      expect, others, None)
         self._add(f"broadcast j{job.job_id} w{worker}", port, frame, expect)
 
@@ -545,7 +563,7 @@ class Generator:
         job = self.rng.choice(JOBS)
         slot = self.rng.randrange(job.group.pool_size)
         rnd = self.rounds[job.job_id, slot]
-        frame = aggregation_frame(1, job.job_id, 0, slot, 0, 0, (0,) * VALUES_PER_PACKET,
+        frame = aggregation_frame(1, job.job_id, 0, slot, 0, 0, (0,) * LANES,
                                   ptype=PacketType.RESET)
         frame = SWITCH_MAC + SWITCH_MAC + frame[12:]
         self.model.generation[job.job_id] = 0  # a RESET sets the job up afresh
@@ -572,13 +590,21 @@ class Generator:
         kind = self._deal(("query", "old", "new call"))
         current = self.model.generation[job.job_id]
         if kind == "query":
-            frame = aggregation_frame(port, job.job_id, worker,
-                                      rng.randrange(job.group.pool_size), rng.randint(0, 1),
-                                      rng.randrange(1 << 32), self._poison(),
-                                      ptype=PacketType.GENERATION, exponent=rng.randrange(256),
-                                      **self._ip_fields(), **self._bml_fields())
-            self._add(f"generation query j{job.job_id} w{worker}", port, frame,
+            # The header alone, with the asker's blocks (any count: a host of another width
+            # asks too); the answer says the switch's. With lanes it is no question.
+            header = pack_header(PacketType.GENERATION, job.job_id, worker,
+                                 rng.randrange(job.group.pool_size), rng.randint(0, 1),
+                                 rng.randrange(256), rng.randrange(256),
+                                 rng.choice((WIRE.blocks, OTHER_WIRE.blocks, rng.randrange(256))),
+                                 rng.randrange(1 << 32), rng.randrange(1 << 16))
+            lanes = rng.random() < 0.1
+            frame = udp_frame(SWITCH_MAC, host_mac(port), host_ip(port), SWITCH_IP,
+                              job_udp_port(job.job_id), BML_UDP_PORT,
+                              header + (WIRE.zero_lanes if lanes else b""), **self._ip_fields())
+            expect = (self.model.drop(DropReason.BAD_LENGTH) if lanes else
                       self.model.generation_answer(job.job_id, frame, port, Stat.GENERATION))
+            self._add(f"generation query{' with lanes' if lanes else ''} j{job.job_id} "
+                      f"w{worker}", port, frame, expect)
         elif kind == "old":
             older = (current - rng.choice((1, 2, rng.randint(1, GENERATION_HALF - 1)))) \
                 % GENERATIONS

@@ -45,7 +45,8 @@ an unknown one; frames the switch forwards unchanged to a host's MAC are the hos
 * dropped with a counted reason before any slot is touched: random bytes and random IPv4,
   802.1Q-tagged contributions, wrong UDP ports, fragments, IP options, other protocols
   (ordinary traffic to an unknown MAC: ``NO_ROUTE``); truncated (``SHORT_PACKET``), trailing
-  bytes or wrong IPv4/UDP lengths (``BAD_LENGTH``); ``count`` > 64; types a host may not send
+  bytes or wrong IPv4/UDP lengths (``BAD_LENGTH``); contributions whose ``count`` is not the
+  switch's blocks, a host of another width's (``BAD_WIDTH``); types a host may not send
   and ``version`` > 1 (``BAD_TYPE``); unknown jobs; slots outside the job's pool, among them
   the indices where the other job's slots are (``BAD_SLOT``); ``RESET`` from a host
   (``FORGED_CONTROL``); ids no worker of the job has (``FORGED_WORKER``); another worker's id
@@ -85,17 +86,19 @@ import numpy as np
 from bml.frames import ip_bytes, mac_bytes, read_header, udp_frame, udp_ports
 from bml.protocol import (
     BML_UDP_PORT,
-    FRAME_BYTES,
+    DEFAULT_WIRE,
     GENERATIONS,
+    HEADER_BYTES,
     HEADER_STRUCT,
     JOB_UDP_PORT_BASE,
     MAX_WORKERS,
     PRIMING_OFFSET,
-    VALUES_BYTES,
     DropReason,
     PacketType,
     Stat,
+    Wire,
     generation_question,
+    wire,
 )
 from bml.schedule import IN_NETWORK
 from bml.topology import Topology
@@ -119,12 +122,15 @@ WINDOW = {"soft": 256, "bmv2": 32}
 PUSH_WINDOW = {"soft": 256, "bmv2": 32}
 OLD_BY = 1000  # old calls are 1..OLD_BY generations behind the job's
 MAX_FRAME = 9014  # the emulation's veths have MTU 9000
-# The types a host sends in a full frame (a PROBE is the header alone: full, it is BAD_LENGTH).
+# The types a host sends: in a full frame, a GENERATION question as the header alone (a PROBE
+# too: full, it is BAD_LENGTH).
 HOST_TYPES = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET, PacketType.GENERATION)
+# What a contribution's count must say: the switch's blocks (its type one of these).
+CONTRIBUTIONS = (PacketType.DATA, PacketType.BROADCAST, PacketType.RESET, PacketType.PROBE)
 
 
 def not_a_probe(ptype: int) -> int:
-    """Any type but PROBE's, which is checked for its own length before the count and type."""
+    """Any type but PROBE's, which is checked for its own length before the type."""
     return ptype + 1 if ptype == PacketType.PROBE else ptype
 _IPV4_LIKE = (0x0800, 0x8100, 0x88A8, 0x9100)  # EtherTypes the random-bytes class avoids
 
@@ -140,7 +146,7 @@ CLASSES: dict[str, str] = {
     "truncated": "drop:SHORT_PACKET",
     "trailing bytes (oversized)": "drop:BAD_LENGTH",
     "wrong IPv4/UDP length": "drop:BAD_LENGTH",
-    "count > 64": "drop:BAD_COUNT",
+    "another width": "drop:BAD_WIDTH",
     "type a host may not send": "drop:BAD_TYPE",
     "version > 1": "drop:BAD_TYPE",
     "unknown job": "drop:UNKNOWN_JOB",
@@ -164,7 +170,7 @@ BUILDERS: dict[str, str] = {
     "truncated": "_truncated",
     "trailing bytes (oversized)": "_trailing_bytes",
     "wrong IPv4/UDP length": "_wrong_length",
-    "count > 64": "_bad_count",
+    "another width": "_another_width",
     "type a host may not send": "_bad_type",
     "version > 1": "_bad_version",
     "unknown job": "_unknown_job",
@@ -254,12 +260,14 @@ class Hostile:
 class Generator:
     """Seeded hostile frames for ``links``; ``groups``: every job's group on every switch;
     ``generations``: (switch, job id) -> the generation the job is at there; ``chunks``: how
-    many 64-value chunks the pushed gradient has (plausible offsets)."""
+    many chunks (packets of ``wire``'s width, the switches') the pushed gradient has
+    (plausible offsets)."""
 
     def __init__(self, links: list[Link], groups: list[AggregationGroup],
                  generations: dict[tuple[str, int], int], seed: int, chunks: int = 4096,
-                 pushed: set[int] | None = None) -> None:
+                 pushed: set[int] | None = None, wire: Wire = DEFAULT_WIRE) -> None:
         self.rng = random.Random(seed)
+        self.wire = wire
         self.links = links
         self.generations = generations
         self.chunks = max(1, chunks)
@@ -321,12 +329,12 @@ class Generator:
                 return mac
 
     def _values(self) -> bytes:
-        return self.rng.randbytes(VALUES_BYTES)
+        return self.rng.randbytes(self.wire.values_bytes)
 
     def _offset(self) -> int:
         if self.rng.random() < 0.1:
             return PRIMING_OFFSET
-        return 64 * self.rng.randrange(self.chunks)
+        return self.wire.lanes * self.rng.randrange(self.chunks)
 
     def _header(self, group: AggregationGroup, worker: int, **fields: int) -> dict[str, int]:
         """A plausible header of ``group``'s job from ``worker``: what its push sends now."""
@@ -334,16 +342,22 @@ class Generator:
         header = {"ptype": PacketType.DATA, "version": rng.randint(0, 1), "job": group.job_id,
                   "worker": worker, "owner": rng.choice(sorted(group.members)),
                   "slot": rng.randrange(group.pool_size), "exponent": rng.randint(0, 255),
-                  "count": rng.choice((64, 64, 64, rng.randint(0, 64))),
+                  "count": self.wire.blocks,
                   "generation": self._current(group), "offset": self._offset()}
         header.update(fields)
         return header
 
     def _frame(self, link: Link, header: dict[str, int], values: bytes | None = None, *,
-               dport: int = BML_UDP_PORT, ip_len: int = 300, udp_len: int = 280,
-               dst: bytes | None = None) -> bytes:
-        """An aggregation frame from ``link``'s NIC to its switch, UDP from the job's port."""
+               dport: int = BML_UDP_PORT, ip_len: int | None = None,
+               udp_len: int | None = None, dst: bytes | None = None) -> bytes:
+        """An aggregation frame from ``link``'s NIC to its switch, UDP from the job's port: the
+        header and ``values`` (random lanes of the switch's width unless given; none for a
+        GENERATION question), lengths to match unless given."""
         rng = self.rng
+        if values is None:
+            values = b"" if header["ptype"] == PacketType.GENERATION else self._values()
+        udp_len = 8 + HEADER_BYTES + len(values) if udp_len is None else udp_len
+        ip_len = 20 + 8 + HEADER_BYTES + len(values) if ip_len is None else ip_len
         job = header["job"]
         sport = JOB_UDP_PORT_BASE + job if JOB_UDP_PORT_BASE + job < 65536 else rng.randrange(
             1024, 65536)
@@ -354,7 +368,7 @@ class Generator:
                                  header["owner"], header["slot"], header["exponent"],
                                  header["count"], header["generation"], header["offset"])
         return udp_frame(dst or link.switch_mac, link.mac, link.ip, link.switch_ip, sport, dport,
-                         bml + (values if values is not None else self._values()), tos=tos,
+                         bml + values, tos=tos,
                          ident=ident, flags=flags, ip_length=ip_len, udp_length=udp_len)
 
     def _plausible(self, index: int) -> bytes:
@@ -423,32 +437,44 @@ class Generator:
         return forge.ip_protocol(frame, rng.choice((1, 6, 47, 132)))
 
     def _truncated(self, index: int) -> bytes:
-        return self._plausible(index)[:self.rng.randint(42, FRAME_BYTES - 1)]
+        return self._plausible(index)[:self.rng.randint(42, self.wire.frame_bytes - 1)]
 
     def _trailing_bytes(self, index: int) -> bytes:
         extra = self.rng.choice((self.rng.randint(1, 64), self.rng.randint(1, 1200),
-                                 self.rng.randint(1, MAX_FRAME - FRAME_BYTES)))
+                                 self.rng.randint(1, MAX_FRAME - self.wire.frame_bytes)))
         return self._plausible(index) + self.rng.randbytes(extra)
 
     def _wrong_length(self, index: int) -> bytes:
         rng = self.rng
         group, worker = rng.choice(self.own[index])
         header = self._header(group, worker)
+        udp = 8 + self.wire.payload_bytes
         if rng.random() < 0.5:
             return self._frame(self.links[index], header,
-                               ip_len=rng.choice((0, 20, 28, 44, 299, 301, 1500, 65535)))
+                               ip_len=rng.choice((0, 20, 28, 44, udp + 19, udp + 21, 65535)))
         return self._frame(self.links[index], header,
-                           udp_len=rng.choice((0, 8, 24, 279, 281, 9000, 65535)))
+                           udp_len=rng.choice((0, 8, 24, udp - 1, udp + 1, 9000, 65535)))
 
-    def _bad_count(self, index: int) -> bytes:
-        # Checked before type, version, job, slot and worker: anything else may be anything.
+    def _another_width(self, index: int) -> bytes:
+        # A contribution whose count is not the switch's blocks: checked first, before the
+        # lengths, type, version, job, slot and worker, so anything else may be anything. A
+        # host of another build: its own count, and its own length or the switch's.
         rng = self.rng
         group, worker = rng.choice(self.own[index])
-        return self._frame(self.links[index], self._header(
-            group, rng.choice((worker, rng.randrange(256))), count=rng.randint(65, 255),
-            ptype=rng.choice((*HOST_TYPES, not_a_probe(rng.randrange(256)))),
-            version=rng.choice((0, 1, rng.randrange(256))),
-            job=rng.choice((group.job_id, rng.randrange(65536)))))
+        other = wire(rng.choice([lanes for lanes in (64, 256, 2208, 32, 96)
+                                 if lanes != self.wire.lanes]))
+        header = self._header(group, rng.choice((worker, rng.randrange(256))),
+                              count=rng.choice((other.blocks, rng.randrange(256))),
+                              ptype=rng.choice(CONTRIBUTIONS),
+                              version=rng.choice((0, 1, rng.randrange(256))),
+                              job=rng.choice((group.job_id, rng.randrange(65536))))
+        if header["count"] == self.wire.blocks:
+            header["count"] = other.blocks
+        if header["ptype"] == PacketType.PROBE:
+            values = b""
+        else:
+            values = rng.randbytes(rng.choice((other.values_bytes, self.wire.values_bytes)))
+        return self._frame(self.links[index], header, values)
 
     def _bad_type(self, index: int) -> bytes:
         rng = self.rng
@@ -596,7 +622,7 @@ def ask_generation(link: Link, group: AggregationGroup, worker: int,
     worker asks it; the answer is read off the NIC."""
     sport = 39000 + group.job_id % 1000
     frame = udp_frame(link.switch_mac, link.mac, link.ip, link.switch_ip, sport, BML_UDP_PORT,
-                      generation_question(group.job_id, worker), ident=1)
+                      generation_question(group.job_id, worker, DEFAULT_WIRE), ident=1)
     with (send_socket(link) as out,
           namespaces.receive_socket(link.namespace, link.interface) as into):
         deadline = time.monotonic() + timeout

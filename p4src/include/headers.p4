@@ -3,6 +3,7 @@
 #define BML_HEADERS_P4
 
 #include "defines.p4"
+#include "lanes.p4"
 
 typedef bit<9> port_t;
 
@@ -48,12 +49,13 @@ header bml_t {
     bit<8>  owner_id;   // result destination in MODE_TO_OWNER
     bit<16> slot;       // index into the job's pool
     bit<8>  exponent;   // biased max exponent (0 = none)
-    bit<8>  count;      // valid values, <= VALUES_PER_PACKET
+    bit<8>  count;      // a contribution's blocks (LANE_BLOCKS); PENDING, MISSING:
+                        // the copy's contributions so far
     bit<16> generation; // the call's generation: see docs/PROTOCOL.md
     bit<32> offset;     // chunk offset in elements
 }
 
-// 32 int32 lanes; a packet carries two blocks (lo: lanes 0-31, hi: lanes 32-63).
+// One block: 32 int32 lanes. A full packet carries LANE_BLOCKS of them, b00 first.
 header values_t {
     bit<32> v00; bit<32> v01; bit<32> v02; bit<32> v03;
     bit<32> v04; bit<32> v05; bit<32> v06; bit<32> v07;
@@ -71,8 +73,7 @@ struct headers_t {
     ipv4_t       ipv4;
     udp_t        udp;
     bml_t        bml;
-    values_t     lo;
-    values_t     hi;
+    FOR_BLOCKS(BLOCK_FIELD)
 }
 
 struct metadata_t {

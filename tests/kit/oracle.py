@@ -11,6 +11,7 @@ and between targets.
 from __future__ import annotations
 
 import re
+import struct
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from bml.protocol import (
     BML_UDP_PORT,
     CONTROLLER_MAGIC,
     CPU_PORT,
-    VALUES_STRUCT,
+    DEFAULT_WIRE,
+    HEADER_BYTES,
     DropReason,
     PacketType,
     Stat,
@@ -34,9 +36,11 @@ def switch_frame(trigger: bytes, port: int, ptype: int, exponent: int,
                  count: int | None = None) -> bytes:
     """What the switch sends to the host on ``port`` in answer to ``trigger`` (docs/PROTOCOL.md
     "Framing"): its addresses, the trigger's TOS, identification, flags and BML fields, TTL 64,
-    fixed lengths, UDP checksum 0; ``values`` None for a header-only ACK, GENERATION answer
-    (which carries the job's ``generation``) or PENDING answer (the copy's ``count``)."""
-    ip_len, udp_len = (300, 280) if values is not None else (44, 24)
+    fixed lengths, UDP checksum 0; ``values`` (all the lanes of the switch's width) None for
+    a header-only ACK, GENERATION answer (which carries the job's ``generation`` and the
+    switch's blocks in ``count``) or PENDING answer (the copy's ``count``)."""
+    udp_len = 8 + HEADER_BYTES + len(values or b"")
+    ip_len = 20 + udp_len
     header = bytearray(trigger[42:58])
     header[0] = ptype
     header[8] = exponent
@@ -107,7 +111,9 @@ class SwitchModel:
     port; None: no_route). Copies to a port outside ``addressed_ports`` (no host_address
     entry) are counted unaddressed instead of sent."""
 
-    def __init__(self, job_ids: Iterable[int], addressed_ports: Iterable[int]) -> None:
+    def __init__(self, job_ids: Iterable[int], addressed_ports: Iterable[int],
+                 blocks: int = DEFAULT_WIRE.blocks) -> None:
+        self.blocks = blocks  # the switch's width, in blocks: what its GENERATION answers say
         self.generation = {job_id: 0 for job_id in job_ids}
         self.l2_default: int | None = None
         self.addressed_ports = tuple(addressed_ports)
@@ -136,10 +142,12 @@ class SwitchModel:
         return self.generation_answer(job_id, trigger, port, Stat.OLD_CALL)
 
     def generation_answer(self, job_id: int, trigger: bytes, port: int, stat: Stat) -> Expect:
-        """The job's generation, header only, back to the asking port."""
+        """The job's generation, header only, back to the asking port, with the switch's
+        blocks."""
         expect = Expect(stats=Counter({stat: 1}))
         self.deliver(expect, port, switch_frame(trigger, port, PacketType.GENERATION,
-                                                trigger[50], None, self.generation[job_id]))
+                                                trigger[50], None, self.generation[job_id],
+                                                count=self.blocks))
         return expect
 
     def no_entry(self, frame: bytes) -> Expect:
@@ -171,8 +179,8 @@ class SwitchModel:
                 return
         total = wrapping_sum([values for values, _ in contributions])
         exponent = max(exponent for _, exponent in contributions)
-        self.copies(trigger, ptype, exponent, VALUES_STRUCT.pack(*total), expect, ports,
-                    owner_port)
+        self.copies(trigger, ptype, exponent, struct.pack(f"!{len(total)}i", *total), expect,
+                    ports, owner_port)
 
 
 @dataclass

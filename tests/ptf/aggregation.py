@@ -10,17 +10,19 @@ from common.bml_test import (
     contribution,
     from_switch,
     lane_sums,
+    lanes,
     probe,
+    probe_answers_sum,
 )
 
-from bml.protocol import POOL_SLOTS, VALUES_PER_PACKET, PacketType, ResultMode, Stat
+from bml.protocol import POOL_SLOTS, PacketType, ResultMode, Stat
 
 rng = random.Random(20261202)
 
 
 def random_values() -> list[int]:
     """Values whose sums over 8 workers stay inside int32 (no wrap expected)."""
-    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(VALUES_PER_PACKET)]
+    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(lanes())]
 
 
 class AggregationRound:
@@ -63,8 +65,8 @@ class SumsWrapLikeInt32(BmlTest):
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [1, 2])
-        big = [(1 << 31) - 1] * VALUES_PER_PACKET
-        small = [1, -5] + [2] * (VALUES_PER_PACKET - 2)
+        big = [(1 << 31) - 1] * lanes()
+        small = [1, -5] + [2] * (lanes() - 2)
         self.send(1, contribution(1, 7, 0, big))
         last = contribution(2, 7, 1, small)
         self.send(2, last)
@@ -155,9 +157,9 @@ class PendingOnToOwnerJob(BmlTest):
 
 class ProbeAnsweredByTheCopysState(BmlTest):
     """A PROBE (header only) asks whether its sender's contribution is in the copy: PENDING
-    while the copy fills and it is in, MISSING (with the count so far) when it is not, the
-    stored sum once the copy is complete; each to the prober only, and no probe ever changes
-    a sum."""
+    while the copy fills and it is in, MISSING (with the count so far) when it is not; once
+    the copy is complete the stored sum where it fits an answer (up to 128 lanes), MISSING
+    with the count wider; each to the prober only, and no probe ever changes a sum."""
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(7, [1, 2, 3])
@@ -180,15 +182,22 @@ class ProbeAnsweredByTheCopysState(BmlTest):
             tu.verify_packet(self, from_switch(sent[2], port, PacketType.RESULT, total), port)
         answered = probe(3, 7, 2, slot=4, version=1, offset=256, generation=2)
         self.send(3, answered)
-        tu.verify_packet(self, from_switch(answered, 3, PacketType.RESULT_RETX, total), 3)
+        counted = {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.PENDING: 1, Stat.MISSING: 1}
+        if probe_answers_sum():
+            tu.verify_packet(self, from_switch(answered, 3, PacketType.RESULT_RETX, total), 3)
+            counted[Stat.RETX_ANSWERED] = 1
+        else:
+            tu.verify_packet(self, from_switch(answered, 3, PacketType.MISSING, count=3), 3)
+            counted[Stat.MISSING] += 1
         tu.verify_no_other_packets(self)
-        self.assert_counted(before, {Stat.AGGREGATED: 3, Stat.COMPLETED: 1, Stat.PENDING: 1,
-                                     Stat.MISSING: 1, Stat.RETX_ANSWERED: 1})
+        self.assert_counted(before, counted)
 
 
 class ProbeOnToOwnerJob(BmlTest):
     """On a reduce-scatter job a probe into the completed copy gets the sum if its sender owns
-    the chunk, a header-only ACK if not: what a re-sent contribution would get."""
+    the chunk, a header-only ACK if not: what a re-sent contribution would get. Where the sum
+    does not fit an answer to a probe (more than 128 lanes) both get MISSING with the count,
+    and the full frames re-sent then get the sum and the ACK."""
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2], mode=ResultMode.TO_OWNER)
@@ -200,12 +209,54 @@ class ProbeOnToOwnerJob(BmlTest):
         tu.verify_packet(self, from_switch(last, 2, PacketType.RESULT, total), 2)
         tu.verify_packet(self, from_switch(last, 1, PacketType.ACK), 1)
         owner = probe(2, 9, 1, slot=1, offset=64, owner=1)
+        other = probe(1, 9, 0, slot=1, offset=64, owner=1)
+        if not probe_answers_sum():
+            for port, asked in ((2, owner), (1, other)):
+                self.send(port, asked)
+                tu.verify_packet(self, from_switch(asked, port, PacketType.MISSING, count=2),
+                                 port)
+            tu.verify_no_other_packets(self)
+            owner = contribution(2, 9, 1, vectors[1], owner=1, slot=1, offset=64)
+            other = contribution(1, 9, 0, vectors[0], owner=1, slot=1, offset=64)
         self.send(2, owner)
         tu.verify_packet(self, from_switch(owner, 2, PacketType.RESULT_RETX, total), 2)
-        other = probe(1, 9, 0, slot=1, offset=64, owner=1)
         self.send(1, other)
         tu.verify_packet(self, from_switch(other, 1, PacketType.ACK), 1)
         tu.verify_no_other_packets(self)
+
+
+class ProbeOfACompleteWideCopyThenTheFrame(BmlTest):
+    """No answer is larger than its question by more than 512 bytes. Up to 128 lanes a probe
+    into its completed copy gets the stored sum; wider it gets MISSING (header only, the count),
+    and the full frame the worker then re-sends gets RESULT_RETX with the sum, to it only.
+    Neither changes the sum."""
+
+    def runTest(self) -> None:  # noqa: N802
+        self.add_job(7, [1, 2, 3])
+        vectors = [random_values() for _ in range(3)]
+        packets = [contribution(w + 1, 7, w, vectors[w], slot=6, offset=384, generation=5)
+                   for w in range(3)]
+        for w, packet in enumerate(packets):
+            self.send(w + 1, packet)
+        total = lane_sums(*vectors)
+        for port in (1, 2, 3):
+            tu.verify_packet(self, from_switch(packets[-1], port, PacketType.RESULT, total),
+                             port)
+        before = self.counters()
+        asked = probe(2, 7, 1, slot=6, offset=384, generation=5)
+        self.send(2, asked)
+        if probe_answers_sum():
+            tu.verify_packet(self, from_switch(asked, 2, PacketType.RESULT_RETX, total), 2)
+            counted = {Stat.RETX_ANSWERED: 2}
+        else:
+            tu.verify_packet(self, from_switch(asked, 2, PacketType.MISSING, count=3), 2)
+            counted = {Stat.MISSING: 1, Stat.RETX_ANSWERED: 1}
+        tu.verify_no_other_packets(self)
+        resend = contribution(2, 7, 1, vectors[1], slot=6, offset=384, generation=5)
+        self.send(2, resend)
+        tu.verify_packet(self, from_switch(resend, 2, PacketType.RESULT_RETX, total), 2)
+        tu.verify_no_other_packets(self)
+        self.assert_counted(before, counted)
 
 
 class RetransmissionAfterCompletion(BmlTest):
@@ -236,7 +287,7 @@ class ShadowCopiesAndSlotReuse(BmlTest):
         self.add_job(7, [1, 2])
         for use, version in enumerate((0, 1, 0, 1)):
             a, b = random_values(), random_values()
-            offset = use * VALUES_PER_PACKET
+            offset = use * lanes()
             self.send(1, contribution(1, 7, 0, a, slot=2, version=version,
                                                  offset=offset))
             last = contribution(2, 7, 1, b, slot=2, version=version, offset=offset)

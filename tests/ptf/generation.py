@@ -7,28 +7,28 @@ from __future__ import annotations
 import random
 
 import ptf.testutils as tu
-from common.bml_test import BmlTest, contribution, from_switch, lane_sums
+from common.bml_test import BmlTest, blocks, contribution, from_switch, lane_sums, lanes, question
 
-from bml.protocol import VALUES_PER_PACKET, PacketType, ResultMode, Stat
+from bml.protocol import PacketType, ResultMode, Stat
 
 rng = random.Random(20261203)
 
 
 def random_values() -> list[int]:
-    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(VALUES_PER_PACKET)]
+    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(lanes())]
 
 
 class QueryAnsweredToSenderOnly(BmlTest):
-    """A worker asks which generation its job is at: only it gets the answer, header only;
-    a job set up afresh is at generation 0."""
+    """A worker asks which generation its job is at (header only): only it gets the answer,
+    header only, with the pipeline's blocks in count; a job set up afresh is at generation 0."""
 
     def runTest(self) -> None:  # noqa: N802
         self.add_job(9, [1, 2])
         before = self.counters()
-        query = contribution(2, 9, 1, [0] * VALUES_PER_PACKET, ptype=PacketType.GENERATION,
-                             generation=1234)
+        query = question(2, 9, 1, generation=1234)
         self.send(2, query)
-        tu.verify_packet(self, from_switch(query, 2, PacketType.GENERATION, generation=0), 2)
+        tu.verify_packet(self, from_switch(query, 2, PacketType.GENERATION, generation=0,
+                                           count=blocks()), 2)
         tu.verify_no_other_packets(self)
         self.assert_counted(before, {Stat.GENERATION: 1})
 

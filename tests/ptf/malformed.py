@@ -125,11 +125,11 @@ class Ipv4LengthDisagrees(DropCase, BmlTest):
     reason = DropReason.BAD_LENGTH
 
     def bad_packet(self, good):
-        return edited_ip(contribution(2, 7, 1, good), len=20 + 8 + 16 + 256 + 4)
+        return edited_ip(contribution(2, 7, 1, good), len=20 + 8 + self.wire.payload_bytes + 4)
 
 
 class TrailingBytes(DropCase, BmlTest):
-    """Bytes after the 64 values (lengths right): both targets used to aggregate and send the
+    """Bytes after the lanes (lengths right): both targets used to aggregate and send the
     tail along with the result; now refused."""
 
     reason = DropReason.BAD_LENGTH
@@ -145,7 +145,7 @@ class ControllerFrameWithTrailingBytes(BmlTest):
     def runTest(self) -> None:  # noqa: N802
         group = self.add_job(7, [1, 2])
         before = self.counters()
-        self.session.packet_out(reset_frames(SWITCH, group)[0] + b"tail")
+        self.session.packet_out(reset_frames(SWITCH, group, self.wire)[0] + b"tail")
         self.assert_counted(before, drops={DropReason.BAD_LENGTH: 1})
         self.reset_slot(group, 0)
 

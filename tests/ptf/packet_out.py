@@ -20,7 +20,7 @@ class MagicWiderThanItsField(BmlTest):
 
     def runTest(self) -> None:  # noqa: N802
         group = self.add_job(7, [1, 2])
-        reset = reset_frames(SWITCH, group)[0]
+        reset = reset_frames(SWITCH, group, self.wire)[0]
         before = self.counters()
         self.packet_out_raw(self.session, reset, ((1 << 16) | CONTROLLER_MAGIC).to_bytes(3, "big"))
         self.packet_out_raw(self.session, reset, CONTROLLER_MAGIC.to_bytes(3, "big"))
@@ -33,7 +33,7 @@ class PacketOutFromBackupDropped(BmlTest):
 
     def runTest(self) -> None:  # noqa: N802
         group = self.add_job(7, [1, 2])
-        reset = reset_frames(SWITCH, group)[0]
+        reset = reset_frames(SWITCH, group, self.wire)[0]
         other = SwitchSession("dut-other", self.session.address, self.session.device_id,
                               (0, 9))
         try:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import random
 
 import ptf.testutils as tu
-from common.bml_test import BmlTest, contribution, from_switch, lane_sums
+from common.bml_test import BmlTest, contribution, from_switch, lane_sums, lanes
 
-from bml.protocol import VALUES_PER_PACKET, DropReason, PacketType, ResultMode, Stat
+from bml.protocol import DropReason, PacketType, ResultMode, Stat
 
 rng = random.Random(20261205)
 
 
 def random_values() -> list[int]:
     """Values whose sums over a few workers stay inside int32."""
-    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(VALUES_PER_PACKET)]
+    return [rng.randint(-(1 << 27), (1 << 27) - 1) for _ in range(lanes())]
 
 
 class ResultToOwner(BmlTest):
