@@ -2,7 +2,9 @@
 
 Ports are AF_PACKET sockets on real interfaces (veths), so the packets the emulation sends are
 real frames on real links. One thread owns the pipeline and runs the packet loop; gRPC threads
-hand it work through ``run_in_loop``. The hot path is plain sockets, ``struct`` and numpy.
+hand it work through ``run_in_loop``. The hot path is plain sockets, ``struct`` and numpy, and
+frames move in batches: per wake-up, one recvmmsg per ready port (``bml.sockets``), and the
+copies the batch makes leave in one sendmmsg per egress port.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from bml.sockets import force_buffers
+from bml.sockets import FRAME_BUFFER, QUEUE_FULL, BatchReceiver, BatchSender, force_buffers
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 
@@ -34,8 +36,16 @@ TP_STATUS_VLAN_TPID_VALID = 0x40
 ETH_P_8021Q = 0x8100
 _AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 _AUXDATA_SPACE = socket.CMSG_SPACE(_AUXDATA.size)
+# A port's one control message per frame, read where the batch receiver's control ring holds
+# it (``bml.sockets.BatchReceiver``): struct cmsghdr, then struct tpacket_auxdata.
+_AUX_MESSAGE = struct.Struct("@Nii" + _AUXDATA.format.lstrip("=@"))
+assert _AUX_MESSAGE.size <= _AUXDATA_SPACE and struct.calcsize("@Nii") == socket.CMSG_LEN(0)
 SOCKET_BUFFER = 8 << 20
-MAX_FRAME = 9216
+MAX_FRAME = FRAME_BUFFER  # an MTU-sized packet, its Ethernet header and a VLAN tag
+PORT_BATCH = 64  # frames taken from one port per wake-up: a bounded burst keeps ports fair
+# What a port's socket may refuse a frame for without the switch failing: the link is full
+# (the frame is lost, as on a congested link), or the interface is gone or down.
+_TX_LOST = QUEUE_FULL | {errno.ENETDOWN, errno.ENXIO}
 
 
 def open_port(interface: str) -> socket.socket:
@@ -55,15 +65,41 @@ def receive_frame(sock: socket.socket, buffer: bytearray) -> bytes:
     802.1Q tag out of the frame and reports it beside; it goes back in here, as libpcap does
     for BMv2, or the pipeline would look inside a tagged frame that BMv2 never parses."""
     size, ancillary, _flags, _address = sock.recvmsg_into([buffer], _AUXDATA_SPACE)
-    frame = bytes(memoryview(buffer)[:size])
+    return as_on_wire(memoryview(buffer)[:size], ancillary)
+
+
+def as_on_wire(frame: memoryview, ancillary: list[tuple[int, int, bytes]]) -> bytes:
+    """A copy of a received ``frame`` with the VLAN tag its ``ancillary`` data (the socket's
+    PACKET_AUXDATA) report put back in after the MAC addresses (see ``receive_frame``)."""
     for level, kind, data in ancillary:
-        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= _AUXDATA.size:
-            status, _len, _snap, _mac, _net, tci, tpid = _AUXDATA.unpack_from(data)
-            if status & TP_STATUS_VLAN_VALID or tci:
-                if not status & TP_STATUS_VLAN_TPID_VALID:
-                    tpid = ETH_P_8021Q
-                frame = b"".join((frame[:12], struct.pack("!HH", tpid, tci), frame[12:]))
-    return frame
+        if level == SOL_PACKET and kind == PACKET_AUXDATA:
+            return with_vlan_tag(frame, data)
+    return bytes(frame)
+
+
+def with_vlan_tag(frame: memoryview, auxdata: bytes | memoryview | None) -> bytes:
+    """A copy of ``frame``, with the VLAN tag that ``auxdata`` (its struct tpacket_auxdata,
+    if any) reports the kernel took out put back in."""
+    if auxdata is not None and len(auxdata) >= _AUXDATA.size:
+        status, _len, _snap, _mac, _net, tci, tpid = _AUXDATA.unpack_from(auxdata)
+        if status & TP_STATUS_VLAN_VALID or tci:
+            return _tagged(frame, status, tci, tpid)
+    return bytes(frame)
+
+
+def from_control_ring(frame: memoryview, control: bytearray, at: int) -> bytes:
+    """``with_vlan_tag`` for a frame of a batch: its PACKET_AUXDATA read where the batch
+    receiver's control ring holds it (``control[at:]``), with one ``struct`` call."""
+    (_, level, kind, status, _, _, _, _, tci, tpid) = _AUX_MESSAGE.unpack_from(control, at)
+    if level == SOL_PACKET and kind == PACKET_AUXDATA and (status & TP_STATUS_VLAN_VALID or tci):
+        return _tagged(frame, status, tci, tpid)
+    return bytes(frame)
+
+
+def _tagged(frame: memoryview, status: int, tci: int, tpid: int) -> bytes:
+    if not status & TP_STATUS_VLAN_TPID_VALID:
+        tpid = ETH_P_8021Q
+    return b"".join((frame[:12], struct.pack("!HH", tpid, tci), frame[12:]))
 
 
 class SoftSwitch:
@@ -77,7 +113,8 @@ class SoftSwitch:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.stopping = threading.Event()
-        self.tx_errors = 0
+        self.tx_errors = 0  # frames a port's socket refused (full or down): lost
+        self.sender = BatchSender(PORT_BATCH, MAX_FRAME)
         self.servicer = SoftP4RuntimeServicer(self.pipeline, device_id, self.run_in_loop,
                                               self.transmit)
 
@@ -86,26 +123,44 @@ class SoftSwitch:
         os.write(self.wake_w, b"x")
 
     def transmit(self, copies: list[tuple[int, bytes]]) -> None:
-        sockets = self.sockets
+        """Send pipeline output, (egress port, frame) each, in one sendmmsg per port."""
+        by_port: dict[int, list[bytes]] = {}
         for port, frame in copies:
+            frames = by_port.get(port)
+            if frames is None:
+                by_port[port] = [frame]
+            else:
+                frames.append(frame)
+        self._send_all(by_port)
+
+    def _send_all(self, by_port: dict[int, list[bytes]]) -> None:
+        """Send each port's frames in order; a frame its port refuses for a full queue (or a
+        link that is down) is lost, as on a congested link: counted in ``tx_errors``."""
+        sockets, send = self.sockets, self.sender.send
+        for port, frames in by_port.items():
             sock = sockets.get(port)
             if sock is None:
                 continue  # no such port: the frame leaves nowhere, as in BMv2
-            try:
-                sock.send(frame)
-            except OSError as exc:  # ENOBUFS / EAGAIN: the link is full, the frame is lost
-                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN, errno.ENXIO):
-                    raise
+            start = 0
+            while start < len(frames):
+                sent, err = send(sock, frames[start:] if start else frames)
+                if not err:
+                    break
+                if err not in _TX_LOST:
+                    raise OSError(err, os.strerror(err))
+                # One refused frame is lost; the rest are tried (the queue may have room for
+                # the smaller ones, as it would have frame by frame).
                 self.tx_errors += 1
+                start += sent + 1
 
     def run(self) -> None:
         poller = select.epoll()
         poller.register(self.wake_r, select.EPOLLIN)
         for fd in self.port_of_fd:
             poller.register(fd, select.EPOLLIN)
-        buffer = bytearray(MAX_FRAME)
+        receiver = BatchReceiver(PORT_BATCH, MAX_FRAME, _AUXDATA_SPACE)
+        receive, control, space = receiver.receive, receiver.control_buffer, _AUXDATA_SPACE
         process = self.pipeline.process
-        transmit = self.transmit
         port_of_fd = self.port_of_fd
         sockets = self.sockets
         while not self.stopping.is_set():
@@ -115,19 +170,23 @@ class SoftSwitch:
                     process = self.pipeline.process
                     continue
                 port = port_of_fd[fd]
-                sock = sockets[port]
-                for _ in range(64):  # bounded burst per port keeps the ports fair
-                    try:
-                        frame = receive_frame(sock, buffer)
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        if exc.errno == errno.ENETDOWN:
-                            break
-                        raise
-                    out = process(port, frame)
-                    if out:
-                        transmit(out)
+                try:
+                    views = receive(sockets[port])  # one batch per port per wake-up: fair
+                except OSError as exc:
+                    if exc.errno == errno.ENETDOWN:
+                        continue
+                    raise
+                by_port: dict[int, list[bytes]] = {}
+                for index, view in enumerate(views):
+                    frame = from_control_ring(view, control, index * space)  # as on the wire
+                    for out_port, copy in process(port, frame):
+                        frames = by_port.get(out_port)
+                        if frames is None:
+                            by_port[out_port] = [copy]
+                        else:
+                            frames.append(copy)
+                if by_port:
+                    self._send_all(by_port)
 
     def _run_tasks(self) -> None:
         try:
