@@ -6,13 +6,15 @@ With every link shaped to ``rate`` bits/s in each direction and the switch not t
 a scheme's GST is the busiest NIC's bytes in one direction over the rate:
 
 * in-network aggregation (SwitchML-style): every worker sends its gradient once and receives
-  the sum once, in packets of ``FRAME_BYTES`` carrying ``VALUES_BYTES`` of gradient, up and
-  down pipelined: GST = S * FRAME_BYTES / VALUES_BYTES * 8 / rate.
+  the sum once, in packets of ``wire.frame_bytes`` carrying ``wire.values_bytes`` of
+  gradient, up and down pipelined: GST = S * frame_bytes / values_bytes * 8 / rate.
 * ring allreduce (gloo): reduce-scatter then all-gather, each worker sends 2 (N-1)/N * S
   (TCP/IP overhead per ``mtu`` packet added): GST = 2 (N-1)/N * S * overhead * 8 / rate.
 
 So at N = 4 in-network needs 1/1.5 = 2/3 of ring's bytes of payload (about 1/2 for large N);
-per wire byte the ratio is (314/256) / (1.5 * 1.006), about 0.81, with 64 values per packet.
+per wire byte the ratio is (314/256) / (1.5 * 1.006), about 0.81, with 64 values per packet,
+and (8890/8832) / (1.5 * 1.006), about 0.67, with 2,208. Every packet-level function takes the
+lane width (``wire``, a ``bml.protocol.Wire``): a block is one packet's values.
 """
 
 from __future__ import annotations
@@ -22,15 +24,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from bml.protocol import (
-    ETH_IP_UDP_BYTES,
-    FRAME_BYTES,
-    HEADER_BYTES,
+    DEFAULT_WIRE,
+    HEADER_ONLY_FRAME_BYTES,
     ONE_NIC_WINDOW,
-    VALUES_BYTES,
-    VALUES_PER_PACKET,
+    Wire,
 )
 from bml.schedule import (
-    BLOCK_BYTES,
     DEFAULT_WINDOW,
     HOST_BASED,
     IN_NETWORK,
@@ -58,14 +57,13 @@ def rate_bits(rate: str) -> int:
     return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
 
 
-def in_network_wire_bytes(elements: int) -> int:
+def in_network_wire_bytes(elements: int, wire: Wire = DEFAULT_WIRE) -> int:
     """Bytes one worker's NIC sends (and receives) for one aggregation of ``elements``."""
-    packets = -(-elements // VALUES_PER_PACKET)
-    return packets * FRAME_BYTES
+    return wire.chunks(elements) * wire.frame_bytes
 
 
-def in_network_gst(elements: int, rate_bps: float) -> float:
-    return in_network_wire_bytes(elements) * 8 / rate_bps
+def in_network_gst(elements: int, rate_bps: float, wire: Wire = DEFAULT_WIRE) -> float:
+    return in_network_wire_bytes(elements, wire) * 8 / rate_bps
 
 
 def ring_wire_bytes(elements: int, workers: int, mtu: int = 9000) -> float:
@@ -78,13 +76,13 @@ def ring_gst(elements: int, workers: int, rate_bps: float, mtu: int = 9000) -> f
     return ring_wire_bytes(elements, workers, mtu) * 8 / rate_bps
 
 
-def payload_share() -> float:
-    return VALUES_BYTES / FRAME_BYTES
+def payload_share(wire: Wire = DEFAULT_WIRE) -> float:
+    return wire.values_bytes / wire.frame_bytes
 
 
 # --- schedules on a BCube (or a star): per-NIC wire bytes and GST -------------------------
 
-ACK_FRAME_BYTES = ETH_IP_UDP_BYTES + HEADER_BYTES  # a header-only aggregation frame
+ACK_FRAME_BYTES = HEADER_ONLY_FRAME_BYTES  # a header-only aggregation frame
 DEFAULT_MTU = 9000  # what bml-net sets on every link
 
 
@@ -99,12 +97,16 @@ def tcp_wire(payload: int, mtu: int = DEFAULT_MTU) -> tuple[float, float]:
     return payload + segments * TCP_IP_ETH_OVERHEAD, segments / 2 * TCP_IP_ETH_OVERHEAD
 
 
-def nic_wire_bytes(nic: NicTraffic, mtu: int = DEFAULT_MTU) -> tuple[float, float]:
+def nic_wire_bytes(nic: NicTraffic, mtu: int = DEFAULT_MTU,
+                   wire: Wire = DEFAULT_WIRE) -> tuple[float, float]:
     """(up, down) bytes on one NIC's link, every header counted."""
-    sent, acks_back = tcp_wire(nic.up.stream + nic.up.stream_overhead, mtu)
-    received, acks_out = tcp_wire(nic.down.stream + nic.down.stream_overhead, mtu)
-    up = nic.up.frames * FRAME_BYTES + nic.up.acks * ACK_FRAME_BYTES + sent + acks_out
-    down = nic.down.frames * FRAME_BYTES + nic.down.acks * ACK_FRAME_BYTES + received + acks_back
+    block = wire.values_bytes
+    sent, acks_back = tcp_wire(nic.up.stream_blocks * block + nic.up.stream_overhead, mtu)
+    received, acks_out = tcp_wire(nic.down.stream_blocks * block + nic.down.stream_overhead,
+                                  mtu)
+    frame = wire.frame_bytes
+    up = nic.up.frames * frame + nic.up.acks * ACK_FRAME_BYTES + sent + acks_out
+    down = nic.down.frames * frame + nic.down.acks * ACK_FRAME_BYTES + received + acks_back
     return up, down
 
 
@@ -143,19 +145,16 @@ class Prediction(LinkBound):
     elements: int
     rate_bps: float
     nic_bytes: tuple[tuple[tuple[float, float], ...], ...]  # [server][level] = (up, down)
-
-
-def blocks_of(elements: int) -> int:
-    return max(1, -(-elements // VALUES_PER_PACKET))
+    lanes: int = DEFAULT_WIRE.lanes
 
 
 def predict(schedule: Schedule, elements: int, rate_bps: float, window: int = DEFAULT_WINDOW,
-            mtu: int = DEFAULT_MTU) -> Prediction:
-    layout = Layout(schedule, blocks_of(elements))
+            mtu: int = DEFAULT_MTU, wire: Wire = DEFAULT_WIRE) -> Prediction:
+    layout = Layout(schedule, wire.chunks(elements))
     per_server = tuple(
-        tuple(nic_wire_bytes(nic, mtu) for nic in traffic(layout, server, window))
+        tuple(nic_wire_bytes(nic, mtu, wire) for nic in traffic(layout, server, window))
         for server in range(schedule.topology.num_servers))
-    return Prediction(schedule, elements, rate_bps, per_server)
+    return Prediction(schedule, elements, rate_bps, per_server, wire.lanes)
 
 
 def candidates(topology: Topology) -> list[Schedule]:
@@ -164,16 +163,18 @@ def candidates(topology: Topology) -> list[Schedule]:
     return [make_schedule(topology, name) for name in names]
 
 
-def plan(topology: Topology, elements: int, rate_bps: float) -> list[Prediction]:
-    """Every candidate's prediction, fastest first (on a tie, in the order of
-    ``candidates``)."""
-    predictions = [predict(s, elements, rate_bps) for s in candidates(topology)]
+def plan(topology: Topology, elements: int, rate_bps: float,
+         wire: Wire = DEFAULT_WIRE) -> list[Prediction]:
+    """Every candidate's prediction at the lane width, fastest first (on a tie, in the order
+    of ``candidates``)."""
+    predictions = [predict(s, elements, rate_bps, wire=wire) for s in candidates(topology)]
     return sorted(predictions, key=lambda p: round(p.gst, 9))
 
 
-def choose(topology: Topology, elements: int, rate_bps: float = 10e6) -> Schedule:
-    """The schedule the cost model predicts fastest."""
-    return plan(topology, elements, rate_bps)[0].schedule
+def choose(topology: Topology, elements: int, rate_bps: float = 10e6,
+           wire: Wire = DEFAULT_WIRE) -> Schedule:
+    """The schedule the cost model predicts fastest at the lane width."""
+    return plan(topology, elements, rate_bps, wire)[0].schedule
 
 
 # --- every scheme on the same links: baselines, BCube schedules, switch counts -------------
@@ -271,10 +272,11 @@ def predict_ring(elements: int, workers: int, rate_bps: float,
 
 
 def predict_schedule(schedule: Schedule, elements: int, rate_bps: float,
-                     window: int = DEFAULT_WINDOW, mtu: int = DEFAULT_MTU) -> WirePrediction:
+                     window: int = DEFAULT_WINDOW, mtu: int = DEFAULT_MTU,
+                     wire: Wire = DEFAULT_WIRE) -> WirePrediction:
     """A BCube (or star) schedule's ``predict`` as a WirePrediction; on a star the in-network
     schedule is single-switch aggregation."""
-    p = predict(schedule, elements, rate_bps, window, mtu)
+    p = predict(schedule, elements, rate_bps, window, mtu, wire)
     topo = schedule.topology
     name = SINGLE_SWITCH if topo.k == 1 and schedule.name == IN_NETWORK else schedule.name
     return WirePrediction(name, elements, rate_bps, p.nic_bytes, topo.num_switches)
@@ -301,12 +303,13 @@ class NicLoad:
     def down(self) -> Fraction:
         return self.down_frames + self.down_stream
 
-    def wire(self, mtu: int = DEFAULT_MTU) -> tuple[float, float]:
-        """(up, down) wire bytes per payload byte of a stripe: 314 bytes per 256 of a frame,
-        58 per ACK frame, TCP segment headers and ACKs, host messages' 16-byte headers."""
-        frame = FRAME_BYTES / BLOCK_BYTES
-        ack = ACK_FRAME_BYTES / BLOCK_BYTES
-        message = 1 + MESSAGE_HEADER_BYTES / (MESSAGE_BLOCKS * BLOCK_BYTES)
+    def wire(self, mtu: int = DEFAULT_MTU, lanes: Wire = DEFAULT_WIRE) -> tuple[float, float]:
+        """(up, down) wire bytes per payload byte of a stripe: a frame's bytes per block's
+        (314 per 256 at 64 lanes), an ACK frame's 58 per block, TCP segment headers and ACKs,
+        host messages' 16-byte headers."""
+        frame = lanes.frame_bytes / lanes.values_bytes
+        ack = ACK_FRAME_BYTES / lanes.values_bytes
+        message = 1 + MESSAGE_HEADER_BYTES / (MESSAGE_BLOCKS * lanes.values_bytes)
         segment = tcp_segment_payload(mtu)
         tcp = 1 + TCP_IP_ETH_OVERHEAD / segment
         tcp_ack = TCP_IP_ETH_OVERHEAD / TCP_ACK_SEGMENTS / segment
@@ -401,7 +404,7 @@ class ClaimRow:
         return None if self.fat_tree is None else self.bcube_switches / self.fat_tree[1]
 
 
-def claim_row(n: int, k: int, mtu: int = DEFAULT_MTU) -> ClaimRow:
+def claim_row(n: int, k: int, mtu: int = DEFAULT_MTU, wire: Wire = DEFAULT_WIRE) -> ClaimRow:
     """GST ratios of every BML schedule on BCube(n, k) to a sharded PS on a Fat-Tree of the
     same N (same link rate; GST of each is its busiest NIC's busier direction), and both
     topologies' switch counts. The seed claims 1/k and k/5."""
@@ -413,7 +416,7 @@ def claim_row(n: int, k: int, mtu: int = DEFAULT_MTU) -> ClaimRow:
     for scheme in (HOST_BASED, IN_NETWORK, MIXED):
         load = bcube_load(n, k, scheme)
         # per NIC, a stripe is G / k, and all k NICs run at once
-        gst[scheme] = max(load.wire(mtu)) / k / ps_busiest
+        gst[scheme] = max(load.wire(mtu, wire)) / k / ps_busiest
         payload[scheme] = float(max(load.up, load.down) / k / ps_payload)
     return ClaimRow(n, k, bcube_switches(n, k), fat_tree(servers, n), gst, payload)
 
@@ -430,21 +433,23 @@ def claim_table(smallest: int = 9, largest: int = 4096) -> list[ClaimRow]:
     return sorted(rows, key=lambda r: (r.servers, r.k))
 
 
-def single_switch_frames(elements: int, window: int = ONE_NIC_WINDOW) -> int:
+def single_switch_frames(elements: int, window: int = ONE_NIC_WINDOW,
+                         wire: Wire = DEFAULT_WIRE) -> int:
     """Frames one worker sends (and receives) in one call of the one-NIC transport
     (hosts/transport.py): a priming use of every slot, one use per chunk, and a zero flush
     where a slot would end on an odd number of uses."""
-    chunks = blocks_of(elements)
+    chunks = wire.chunks(elements)
     window = min(window, chunks)
     uses = (1 + -(-(chunks - s) // window) for s in range(window))
     return sum(u + (u & 1) for u in uses)
 
 
 def predict_single_switch(elements: int, workers: int, rate_bps: float,
-                          window: int = ONE_NIC_WINDOW) -> WirePrediction:
+                          window: int = ONE_NIC_WINDOW,
+                          wire: Wire = DEFAULT_WIRE) -> WirePrediction:
     """SwitchML-style aggregation on star:N with one NIC per worker: every frame up comes
     back down as the slot's sum (multicast)."""
-    wire = single_switch_frames(elements, window) * FRAME_BYTES
-    nic = ((float(wire), float(wire)),)
+    size = single_switch_frames(elements, window, wire) * wire.frame_bytes
+    nic = ((float(size), float(size)),)
     return WirePrediction(SINGLE_SWITCH, elements, rate_bps, tuple(nic for _ in range(workers)),
                           1)

@@ -27,6 +27,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
+from bml.protocol import DEFAULT_WIRE, ONE_NIC_WINDOW, Wire
 from bml.topology import Topology
 
 IN_NETWORK = "in-network"
@@ -39,8 +40,6 @@ STRIPE_JOB_STRIDE = 512  # switch job id of stripe p of job J: J + p * STRIPE_JO
 MAX_SCHEDULED_JOB = STRIPE_JOB_STRIDE - 1
 MAX_STRIPES = 8  # keeps every stripe's switch job id within the protocol's 12 bits
 
-BLOCK_VALUES = 64  # = bml.protocol.VALUES_PER_PACKET (checked in tests)
-BLOCK_BYTES = 4 * BLOCK_VALUES
 MESSAGE_BLOCKS = 16  # blocks per host-to-host message (TCP), cut from each range's start
 MESSAGE_HEADER_BYTES = 16
 EXPONENT_HEADER_BYTES = 16  # the exponent exchange's message header
@@ -65,7 +64,7 @@ LINK_QUEUE_BYTES = 256_000
 SHARED_FRAME_BUDGET = 64_000
 SHARED_STREAM_BUDGET = 32_000
 STREAM_BUDGET = 192_000  # = bml.sockets.QUEUE_BUDGET (checked in tests)
-FRAME_WIRE_BYTES = 16 + 4 * 64 + 8 + 20 + 14  # header, values, UDP, IPv4, Ethernet
+FRAME_WIRE_BYTES = DEFAULT_WIRE.frame_bytes  # a 64-lane frame: header, values, UDP, IPv4, Ethernet
 MIN_CHANNEL_WINDOW = 16
 
 Range = tuple[int, int]  # [start, stop) in blocks
@@ -301,20 +300,20 @@ class Layout:
 
 @dataclass
 class Direction:
-    frames: int = 0  # full aggregation frames (64 values)
+    frames: int = 0  # full aggregation frames (a block each)
     acks: int = 0  # header-only aggregation frames
-    stream: int = 0  # gradient bytes sent host to host (TCP)
+    stream_blocks: int = 0  # gradient blocks sent host to host (TCP)
     stream_overhead: int = 0  # message headers and the exponent exchange (TCP)
 
     def add(self, other: Direction) -> None:
         self.frames += other.frames
         self.acks += other.acks
-        self.stream += other.stream
+        self.stream_blocks += other.stream_blocks
         self.stream_overhead += other.stream_overhead
 
     def payload_blocks(self) -> Fraction:
         """Gradient payload in blocks, headers left out (the DESIGN.md unit)."""
-        return self.frames + Fraction(self.stream, BLOCK_BYTES)
+        return Fraction(self.frames + self.stream_blocks)
 
 
 @dataclass
@@ -329,7 +328,7 @@ def _messages(span_blocks: int) -> int:
 
 def _send(direction: Direction, span_blocks: int, times: int = 1) -> None:
     """Count one range sent host to host as messages, ``times`` over."""
-    direction.stream += times * span_blocks * BLOCK_BYTES
+    direction.stream_blocks += times * span_blocks
     direction.stream_overhead += times * _messages(span_blocks) * MESSAGE_HEADER_BYTES
 
 
@@ -363,13 +362,21 @@ def _nic_use(schedule: Schedule, server: int) -> list[tuple[int, bool]]:
     return list(zip(channels, streams, strict=True))
 
 
-def nic_in_flight(schedule: Schedule, server: int, limit: int = IN_FLIGHT) -> list[int]:
-    """Per NIC of ``server``, the frames each of its switch channels keeps in flight at most:
-    ``limit``, or less so that the NIC's channels keep at most their share of the link's queue
-    in flight together (SHARED_FRAME_BUDGET beside streams, else LINK_QUEUE_BYTES)."""
+def nic_in_flight(schedule: Schedule, server: int, limit: int = IN_FLIGHT,
+                  frame_bytes: int = FRAME_WIRE_BYTES) -> list[int]:
+    """Per NIC of ``server``, the frames (of ``frame_bytes``) each of its switch channels
+    keeps in flight at most: ``limit``, or less so that the NIC's channels keep at most their
+    share of the link's queue in flight together (SHARED_FRAME_BUDGET beside streams, else
+    LINK_QUEUE_BYTES)."""
     return [min(limit, max(MIN_CHANNEL_WINDOW, (SHARED_FRAME_BUDGET if streaming
-                                                else LINK_QUEUE_BYTES) // (FRAME_WIRE_BYTES * c)))
+                                                else LINK_QUEUE_BYTES) // (frame_bytes * c)))
             if c else limit for c, streaming in _nic_use(schedule, server)]
+
+
+def one_nic_window(wire: Wire = DEFAULT_WIRE) -> int:
+    """The one-NIC transport's default slots (all in flight): ONE_NIC_WINDOW, or fewer
+    wide frames, so that they fit the link's queue (as ``nic_in_flight`` bounds a channel)."""
+    return min(ONE_NIC_WINDOW, max(MIN_CHANNEL_WINDOW, LINK_QUEUE_BYTES // wire.frame_bytes))
 
 
 def channel_slots(window: int, in_flight: int, first_step: bool) -> int:

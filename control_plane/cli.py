@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bml import cost_model
-from bml.protocol import ResultMode
+from bml.protocol import BUILT_LANES, DEFAULT_LANES, ResultMode, wire
 from bml.schedule import AUTO, DEFAULT_WINDOW, SCHEDULES
 from bml.topology import Topology, TopologyError
 from control_plane.fabric import DEFAULT_FABRIC, Fabric, locked
@@ -41,15 +41,16 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: e.g. 16M") from None
 
 
-def plan_lines(topology: Topology, size: int, rate: str) -> list[str]:
-    """Every candidate schedule with its predicted wire bytes per NIC and GST; the choice
-    marked."""
+def plan_lines(topology: Topology, size: int, rate: str, lanes: int = DEFAULT_LANES
+               ) -> list[str]:
+    """Every candidate schedule with its predicted wire bytes per NIC and GST at a lane
+    width; the choice marked."""
     rate_bps = cost_model.rate_bits(rate)
     elements = max(1, size // 4)
-    predictions = cost_model.plan(topology, elements, rate_bps)
+    predictions = cost_model.plan(topology, elements, rate_bps, wire(lanes))
     lines = [f"plan for {topology.spec} ({topology.num_servers} servers, "
              f"{topology.num_switches} switches, {topology.k} NIC(s) each), "
-             f"{size} gradient bytes, links {rate} each way",
+             f"{size} gradient bytes, links {rate} each way, {lanes} values per packet",
              f"  {'schedule':<11} {'share':>5} {'up/NIC':>12} {'down/NIC':>12} "
              f"{'x G up':>6} {'x G down':>8} {'GST':>9}"]
     for i, prediction in enumerate(predictions):
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p_plan.add_argument("--bytes", type=parse_size, default=16 << 20,
                         help="gradient bytes (default 16M)")
     p_plan.add_argument("--rate", default="10mbit", help="link rate each way (default 10mbit)")
+    p_plan.add_argument("--lanes", type=int, nargs="+", choices=BUILT_LANES,
+                        help="values per packet: the P4 builds to plan for (default: every "
+                             f"build, {', '.join(map(str, BUILT_LANES))})")
     p_remove = commands.add_parser("job-remove", help="reset a job's slots and remove it")
     p_remove.add_argument("--job", type=int, required=True)
     p_monitor = commands.add_parser("monitor", help="watch switch health (runs until stopped)")
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             topology = (Topology.parse(args.topo) if args.topo
                         else Fabric.load(args.fabric).topo)
-            print("\n".join(plan_lines(topology, args.bytes, args.rate)))
+            for lanes in args.lanes or BUILT_LANES:
+                print("\n".join(plan_lines(topology, args.bytes, args.rate, lanes)))
             return 0
         if args.command in ("job-add", "job-remove"):
             with locked(args.fabric) as fabric:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bml.paths import DEFAULT_FABRIC
+from bml.protocol import DEFAULT_LANES
 from bml.schedule import DEFAULT_WINDOW
 from bml.topology import Topology
 from control_plane.jobs import JobError, JobPlan, plan_job, plan_scheduled_job
@@ -29,6 +30,7 @@ class Fabric:
     topology: str
     switches: dict[str, dict]  # name -> {"address": "127.0.0.1:port", "device_id": n}
     jobs: dict[str, dict] = field(default_factory=dict)  # str(job id) -> JobPlan JSON
+    lanes: int = DEFAULT_LANES  # the P4 build its switches are given (values per packet)
 
     @classmethod
     def load(cls, path: Path = DEFAULT_FABRIC) -> Fabric:
@@ -37,12 +39,14 @@ class Fabric:
             raise FileNotFoundError(f"no fabric at {path}: is an emulation up "
                                     "(bml-net up), or pass --fabric?")
         data = json.loads(path.read_text())
-        return cls(path, data["topology"], data["switches"], data.get("jobs", {}))
+        return cls(path, data["topology"], data["switches"], data.get("jobs", {}),
+                   int(data.get("lanes", DEFAULT_LANES)))
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"topology": self.topology, "switches": self.switches,
-                                   "jobs": self.jobs}, indent=1, sort_keys=True))
+                                   "jobs": self.jobs, "lanes": self.lanes}, indent=1,
+                                  sort_keys=True))
         tmp.replace(self.path)
 
     @property
@@ -62,7 +66,7 @@ class Fabric:
                                                                  key=lambda kv: int(kv[0]))]
 
     def provision(self) -> None:
-        with sessions(self.addresses(), WRITER_ELECTION) as opened:
+        with sessions(self.addresses(), WRITER_ELECTION, lanes=self.lanes) as opened:
             for name, session in opened.items():
                 provision_switch(session, self.topo, self.topo.switch(name))
 
@@ -89,7 +93,16 @@ class Fabric:
             raise JobError(f"job {plan.job_id} is already set up")
         job_id = plan.job_id
         with sessions(self.addresses([g.switch for g in plan.groups]),
-                      WRITER_ELECTION) as opened:
+                      WRITER_ELECTION, lanes=self.lanes) as opened:
+            widths = {name: session.running_lanes() for name, session in opened.items()}
+            other = {name: lanes for name, lanes in widths.items() if lanes != self.lanes}
+            if other:
+                raise JobError(
+                    f"job {job_id}: switch(es) {', '.join(sorted(other))} run "
+                    f"{', '.join(str(lanes) if lanes else 'no' for lanes in other.values())}"
+                    f"-lane pipeline(s), not the fabric's {self.lanes} lanes: provision them "
+                    "again (bml-net up / bml-ctl provision)")
+            plan.lanes = self.lanes
             for group in plan.groups:
                 # replace: a job-add killed before it saved the fabric left entries behind
                 install_group(opened[group.switch], self.topo.switch(group.switch), group,
@@ -104,7 +117,7 @@ class Fabric:
                            f"{', '.join(sorted(self.jobs, key=int)) or 'none'})")
         plan = JobPlan.from_json(self.jobs[str(job_id)])
         with sessions(self.addresses([g.switch for g in plan.groups]),
-                      WRITER_ELECTION) as opened:
+                      WRITER_ELECTION, lanes=self.lanes) as opened:
             for group in plan.groups:
                 # missing_ok: a job-remove killed before it saved the fabric deleted some
                 remove_group(opened[group.switch], self.topo.switch(group.switch), group,
@@ -127,8 +140,10 @@ def locked(path: Path = DEFAULT_FABRIC) -> Iterator[Fabric]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def create(path: Path, topology: Topology, switches: dict[str, tuple[str, int]]) -> Fabric:
+def create(path: Path, topology: Topology, switches: dict[str, tuple[str, int]],
+           lanes: int = DEFAULT_LANES) -> Fabric:
     fabric = Fabric(Path(path), topology.spec,
-                    {name: {"address": a, "device_id": d} for name, (a, d) in switches.items()})
+                    {name: {"address": a, "device_id": d} for name, (a, d) in switches.items()},
+                    lanes=lanes)
     fabric.save()
     return fabric

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from control_plane.fabric import WRITER_ELECTION, Fabric, locked
+from control_plane.p4info import built_p4info
 from control_plane.provision import install_group, provision_switch
 from control_plane.session import SwitchError, SwitchSession
 from control_plane.status import append_event
@@ -100,7 +101,8 @@ class HealthMonitor:
             with locked(self.fabric.path) as fabric:
                 info = fabric.switches[name]
                 session = SwitchSession(name, info["address"], info["device_id"],
-                                        WRITER_ELECTION, timeout=max(self.timeout, 2.0))
+                                        WRITER_ELECTION, timeout=max(self.timeout, 2.0),
+                                        p4info=built_p4info(fabric.lanes))
                 try:
                     switch = fabric.topo.switch(name)
                     if session.running_p4info() is not None and name not in self.failing:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from bml.protocol import MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
+from bml.protocol import DEFAULT_LANES, MAX_JOB_ID, MAX_WORKERS, POOL_SLOTS, ResultMode
 from bml.schedule import (
     AUTO,
     DEFAULT_WINDOW,
@@ -62,17 +62,19 @@ class JobPlan:
     groups: list[AggregationGroup] = field(default_factory=list)
     schedule: str | None = None  # a scheduled job's default schedule (auto or a name)
     elastic: bool = False  # its workers go on without one that leaves (a star's job)
+    lanes: int = DEFAULT_LANES  # values per packet of its switches' pipeline (their P4Info)
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "servers": list(self.servers), "level": self.level,
                 "groups": [g.to_json() for g in self.groups], "schedule": self.schedule,
-                "elastic": self.elastic}
+                "elastic": self.elastic, "lanes": self.lanes}
 
     @classmethod
     def from_json(cls, data: dict) -> JobPlan:
         return cls(data["job_id"], tuple(data["servers"]), data["level"],
                    [AggregationGroup.from_json(g) for g in data["groups"]],
-                   data.get("schedule"), bool(data.get("elastic", False)))
+                   data.get("schedule"), bool(data.get("elastic", False)),
+                   int(data.get("lanes", DEFAULT_LANES)))
 
 
 def allocate_pool(size: int, taken: list[AggregationGroup]) -> int:

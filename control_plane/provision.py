@@ -6,14 +6,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from bml.protocol import Stat
+from bml.protocol import DEFAULT_LANES, Stat
 from bml.topology import Switch, Topology
 from control_plane.admission import admission_entries
 from control_plane.aggregation import reset_frames
 from control_plane.egress_rewrite import host_address_entries
 from control_plane.forwarding import forwarding_entries
 from control_plane.jobs import AggregationGroup
-from control_plane.p4info import Names
+from control_plane.p4info import Names, built_p4info
 from control_plane.result_routing import group_ports, owner_entries
 from control_plane.session import SwitchSession, encode
 
@@ -44,7 +44,7 @@ def install_group(session: SwitchSession, switch: Switch, group: AggregationGrou
 def reset_slots(session: SwitchSession, switch: Switch, group: AggregationGroup,
                 timeout: float = 10.0) -> None:
     before = session.read_counter(Names.STATS)[Stat.RESET]
-    for frame in reset_frames(switch, group):
+    for frame in reset_frames(switch, group, session.wire):
         session.packet_out(frame)
     deadline = time.monotonic() + timeout
     while session.read_counter(Names.STATS)[Stat.RESET] - before < group.pool_size:
@@ -80,12 +80,15 @@ def has_job(session: SwitchSession, job_id: int) -> bool:
 
 @contextmanager
 def sessions(switches: dict[str, tuple[str, int]], election_id: tuple[int, int] = (0, 2),
-             timeout: float = 5.0) -> Iterator[dict[str, SwitchSession]]:
-    """Sessions to several switches (name -> (address, device id)), all closed on exit."""
+             timeout: float = 5.0,
+             lanes: int = DEFAULT_LANES) -> Iterator[dict[str, SwitchSession]]:
+    """Sessions to several switches (name -> (address, device id)) running, or to be given,
+    the ``lanes``-wide build; all closed on exit."""
     opened: dict[str, SwitchSession] = {}
     try:
         for name, (address, device_id) in switches.items():
-            opened[name] = SwitchSession(name, address, device_id, election_id, timeout)
+            opened[name] = SwitchSession(name, address, device_id, election_id, timeout,
+                                         p4info=built_p4info(lanes))
         yield opened
     finally:
         for session in opened.values():

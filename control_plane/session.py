@@ -19,7 +19,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException
 
-from bml.protocol import CONTROLLER_MAGIC
+from bml.protocol import CONTROLLER_MAGIC, Wire, wire
 from control_plane.p4info import P4Info, built_device_config, built_p4info
 
 
@@ -155,8 +155,20 @@ class SwitchSession:
                               primary and stream, stream)
 
     # ----------------------------------------------------------------- pipeline
+    @property
+    def wire(self) -> Wire:
+        """The lane width of the pipeline this session speaks (its P4Info's)."""
+        return wire(self.p4info.lanes)
+
+    def running_lanes(self) -> int | None:
+        """The lane width of the pipeline the switch runs (from its P4Info), or None if it
+        runs none."""
+        running = self.running_p4info()
+        return None if running is None else P4Info(running).lanes
+
     def push_pipeline(self, force: bool = False) -> bool:
-        """Install p4src/build's pipeline; False if it was already running.
+        """Install p4src/build's pipeline of this session's width; False if it was already
+        running.
 
         Not re-pushing a running pipeline matters on BMv2: a re-push keeps BMv2's multicast
         state while PI forgets it, and groups written again would then replicate twice.
@@ -168,7 +180,7 @@ class SwitchSession:
         request.election_id.high, request.election_id.low = self.client.election_id
         request.action = p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT
         request.config.p4info.CopyFrom(self.p4info.message)
-        request.config.p4_device_config = built_device_config()
+        request.config.p4_device_config = built_device_config(self.p4info.lanes)
         try:
             self.client.stub.SetForwardingPipelineConfig(request, timeout=30)
         except grpc.RpcError as exc:

@@ -12,6 +12,7 @@ import sys
 import time
 
 from bml.paths import DEFAULT_EMULATION
+from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from bml.topology import TopologyError
 from emulation import net
 from emulation.netns import NetError, Shaping
@@ -85,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     p_up.add_argument("--topo", required=True, help="star:N or bcube:n,k")
     p_up.add_argument("--target", default="soft", help="soft (default) or bmv2")
     p_up.add_argument("--bmv2", help="path of simple_switch_grpc")
+    p_up.add_argument("--lanes", type=int, default=DEFAULT_LANES,
+                      help=f"values per aggregation packet: which P4 build the switches run "
+                           f"({', '.join(map(str, BUILT_LANES))}; default {DEFAULT_LANES})")
     add_shaping_arguments(p_up)
     commands.add_parser("status", help="switches, links, faults and counters")
     p_exec = commands.add_parser("exec", help="run a command on a server: exec h0 -- CMD")
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             t0 = time.monotonic()
             state = net.up(args.name, args.topo, args.target,
-                           Shaping(args.rate, args.delay, args.loss, args.reorder), args.bmv2)
+                           Shaping(args.rate, args.delay, args.loss, args.reorder), args.bmv2,
+                           lanes=args.lanes)
             topo = state.topo()
             print(f"bml-net: {state.topology} up on {state.target} in "
                   f"{time.monotonic() - t0:.1f} s: {topo.num_servers} servers "

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bml import cost_model
+from bml.protocol import BUILT_LANES, DEFAULT_LANES, WIDEST_LANES, wire
 from bml.schedule import AUTO, SCHEDULES, make_schedule
 from control_plane.fabric import Fabric
 from emulation.net import NetError, down, up
@@ -41,7 +42,7 @@ def nic_table(runs: list[PushResult], prediction: cost_model.Prediction,
             failures += 1
             lines.append(f"{server:>6} {run.returncode:>4}  {run.stderr.strip()[-300:]}")
             continue
-        error, bound, ok = check_sum(np.load(run.output), grads)
+        error, bound, ok = check_sum(np.load(run.output), grads, prediction.lanes)
         failures += not ok
         cells = []
         for (sent, received), (up_bytes, down_bytes) in zip(
@@ -61,14 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", choices=[AUTO, *SCHEDULES], default=AUTO)
     parser.add_argument("--elements", type=int, default=None,
                         help="float32 per server (default 1M; 128K on bmv2, which is slower)")
+    parser.add_argument("--lanes", type=int, choices=BUILT_LANES,
+                        help=f"values per packet: the P4 build the switches run (default "
+                             f"{WIDEST_LANES} on the software target, {DEFAULT_LANES} on bmv2)")
     parser.add_argument("--name", default="demo")
     args = parser.parse_args(argv)
     if args.elements is None:
         args.elements = 1 << 17 if args.target == "bmv2" else 1 << 20
+    if args.lanes is None:
+        args.lanes = DEFAULT_LANES if args.target == "bmv2" else WIDEST_LANES
     t0 = time.monotonic()
-    print(f"demo: bringing up {args.topo} on the {args.target} target ...", flush=True)
+    print(f"demo: bringing up {args.topo} on the {args.target} target, {args.lanes} values "
+          "per packet ...", flush=True)
     try:
-        state = up(args.name, args.topo, args.target, Shaping())
+        state = up(args.name, args.topo, args.target, Shaping(), lanes=args.lanes)
     except NetError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
         return 2
@@ -77,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         topo = state.topo()
         fabric_path = state.run_dir / "fabric.json"
         Fabric.load(fabric_path).add_scheduled_job(1, args.schedule)
-        schedule = (cost_model.choose(topo, args.elements) if args.schedule == AUTO
+        schedule = (cost_model.choose(topo, args.elements, wire=wire(args.lanes))
+                    if args.schedule == AUTO
                     else make_schedule(topo, args.schedule))
         print(f"demo: up in {time.monotonic() - t0:.1f} s; job 1 set up on all "
               f"{topo.num_switches} switches; {topo.num_servers} servers push "
@@ -93,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = run_pushes(state, 1, [Push(s, s, grad, None) for s, grad in enumerate(grads)],
                               Path(tmp), extra=["--schedule", schedule.name, "--timeout", "240"],
                               timeout=300)
-            prediction = cost_model.predict(schedule, args.elements, 1e9)
+            prediction = cost_model.predict(schedule, args.elements, 1e9,
+                                            wire=wire(args.lanes))
             lines, failures = nic_table(runs, prediction, grads)
         print("\n" + "\n".join(lines))
         print("(sent/pred, recv/pred: the NIC's byte counters over the cost model's prediction "

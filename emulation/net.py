@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 
+from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from bml.topology import Topology
 from control_plane.fabric import create as create_fabric
 from emulation import faults, netns
@@ -106,8 +107,11 @@ def check_request(topology: Topology, target: str, bmv2: str | None) -> None:
 
 
 def up(name: str, spec: str, target: str = "soft", shaping: Shaping | None = None,
-       bmv2: str | None = None, provision: bool = True) -> State:
-    """Create the emulation; on any failure, remove what was made and re-raise."""
+       bmv2: str | None = None, provision: bool = True, lanes: int = DEFAULT_LANES) -> State:
+    """Create the emulation, its switches given the ``lanes``-wide P4 build; on any failure,
+    remove what was made and re-raise."""
+    if lanes not in BUILT_LANES:
+        raise NetError(f"--lanes {lanes}: p4src/build holds {', '.join(map(str, BUILT_LANES))}")
     validate_name(name)
     topology = Topology.parse(spec)
     shaping = shaping or Shaping()
@@ -120,7 +124,8 @@ def up(name: str, spec: str, target: str = "soft", shaping: Shaping | None = Non
     state.save()
     try:
         build(state, topology, shaping, target, bmv2)
-        fabric = create_fabric(state.run_dir / "fabric.json", topology, state.switch_addresses())
+        fabric = create_fabric(state.run_dir / "fabric.json", topology, state.switch_addresses(),
+                               lanes)
         if provision:
             fabric.provision()
             start_monitor(state)

@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 
 from bml.cost_model import choose
-from bml.protocol import ONE_NIC_WINDOW
+from bml.protocol import DEFAULT_LANES, WidthError, Wire, wire
 from bml.schedule import (
     AUTO,
     DEFAULT_WINDOW,
@@ -22,6 +22,7 @@ from bml.schedule import (
     Schedule,
     ScheduleError,
     make_schedule,
+    one_nic_window,
 )
 from bml.topology import Topology
 from hosts.discovery import DiscoveryError, local_nics, locate, nic_counters
@@ -70,16 +71,30 @@ def recorded_job(fabric: str | None, job: int):
         return None
 
 
+def job_wire(fabric: str | None, job: int, lanes: int | None = None) -> Wire:
+    """The lane width to send at: ``lanes``, else the width of the switches the job was set
+    up on (the control plane read it from their P4Info) when the fabric file can be read
+    here, else the default build's. A switch of another width says so in its first answer
+    (``bml.protocol.width_mismatch``)."""
+    if lanes is None:
+        plan = recorded_job(fabric, job)
+        lanes = plan.lanes if plan is not None else DEFAULT_LANES
+    try:
+        return wire(lanes)
+    except WidthError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def resolve_schedule(topology: Topology, name: str | None, job: int,
-                     fabric: str | None = None) -> Schedule:
+                     fabric: str | None = None, wire: Wire | None = None) -> Schedule:
     """The schedule to run: ``name``, or (None) the one the job was set up with when the
-    fabric file can be read here, else what the planner picks (``auto``)."""
+    fabric file can be read here, else what the planner picks (``auto``) for the width."""
     if name is None:
         plan = recorded_job(fabric, job)
         name = plan.schedule if plan is not None else None
     name = name or AUTO
     if name == AUTO:
-        return choose(topology, PLAN_ELEMENTS)
+        return choose(topology, PLAN_ELEMENTS, wire=wire or job_wire(fabric, job))
     try:
         return make_schedule(topology, name)
     except ScheduleError as exc:
@@ -107,15 +122,18 @@ class Worker:
     must be this server's number and the topology's server count; ``elastic`` (default: as
     the job was set up, when its fabric file is readable here) goes on without a worker that
     leaves mid-call, on a star. With ``interface``: that NIC's switch only, as worker ``rank``
-    of ``world``."""
+    of ``world``. ``lanes``: values per packet (default: as the job was set up, see
+    ``job_wire``)."""
 
     def __init__(self, job: int, rank: int | None = None, world: int | None = None,
                  interface: str | None = None, switch: str | None = None,
                  local_ip: str | None = None, window: int | None = None,
                  timeout: float = 60.0,
                  start_timeout: float = 10.0, schedule: str | None = None,
-                 fabric: str | None = None, elastic: bool | None = None) -> None:
+                 fabric: str | None = None, elastic: bool | None = None,
+                 lanes: int | None = None) -> None:
         self.schedule: Schedule | None = None
+        self.wire = job_wire(fabric, job, lanes)
         self.engine: Engine | None = None
         self.transport: AggregationTransport | None = None
         self.interfaces: list[str] = []
@@ -133,8 +151,8 @@ class Worker:
                 local_ip = local_ip or own
                 switch = switch or behind
             self.transport = AggregationTransport(job, rank, world, local_ip, switch,
-                                                  window or ONE_NIC_WINDOW,
-                                                  timeout, start_timeout)
+                                                  window or one_nic_window(self.wire),
+                                                  timeout, start_timeout, self.wire)
             self.interfaces = [interface]
         else:
             if schedule is not None and schedule not in (AUTO, *SCHEDULES):
@@ -152,7 +170,7 @@ class Worker:
             if rank is not None and rank != server:
                 raise ValueError(f"--rank {rank}, but this is server {server} of "
                                  f"{topology.spec}")
-            self.schedule = resolve_schedule(topology, schedule, job, fabric)
+            self.schedule = resolve_schedule(topology, schedule, job, fabric, self.wire)
             if elastic is None:
                 plan = recorded_job(fabric, job)
                 elastic = plan is not None and plan.elastic
@@ -164,7 +182,7 @@ class Worker:
             self.interfaces = [nic.interface for nic in nics]
             self.engine = Engine(job, server, topology, self.schedule,
                                  [(nic.ip, nic.switch_ip) for nic in nics], window, timeout,
-                                 start_timeout, elastic)
+                                 start_timeout, elastic, self.wire)
         self.last_stats = CallStats()
         self.last_nic_bytes: list[tuple[int, int]] = []
 

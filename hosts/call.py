@@ -55,14 +55,13 @@ from bml.protocol import (
     HEADER_BYTES,
     HEADER_STRUCT,
     LANE_DTYPE,
-    PAYLOAD_BYTES,
     PRIMING_OFFSET,
     RESULT_TYPES,
-    VALUES_PER_PACKET,
-    ZERO_LANES,
     PacketType,
+    Wire,
     generation_question,
     newer_generation,
+    width_mismatch,
 )
 from bml.schedule import (
     MESSAGE_BLOCKS,
@@ -80,7 +79,7 @@ from bml.schedule import (
 from hosts.errors import LengthMismatch, TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Kind, abort_reason, encode_message
-from hosts.quantize import block_exponents, dequantize, shift
+from hosts.quantize import block_exponents, dequantize, quantize_blocks
 from hosts.recovery import (
     GENERATION_ASK_EVERY,
     NicState,
@@ -140,11 +139,12 @@ class SwitchChannel(SlotWindow):
             owner = self.owners[seq] if self.owners is not None else 0
             return HEADER_STRUCT.pack(
                 PacketType.DATA, use & 1, self.job, self.me, owner, slot,
-                int(call.exponents[block]), call.valid_count(block), call.generation,
-                block * VALUES_PER_PACKET) + call.acc[block].astype(LANE_DTYPE).tobytes()
+                int(call.exponents[block]), call.wire.blocks, call.generation,
+                block * call.wire.lanes) + call.acc[block].astype(LANE_DTYPE).tobytes()
         # flush: every slot ends on an even number of uses
         return HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
-                                  EXPONENT_NONE, 0, call.generation, PRIMING_OFFSET) + ZERO_LANES
+                                  EXPONENT_NONE, call.wire.blocks, call.generation,
+                                  PRIMING_OFFSET) + call.wire.zero_lanes
 
     def _expects(self, version: int, slot: int, offset: int, generation: int) -> int | None:
         """The sequence number of the use an answer with these fields is for, if it is the
@@ -155,7 +155,8 @@ class SwitchChannel(SlotWindow):
         if version != use & 1:
             return None
         seq = slot + use * self.window
-        expected = self.blocks[seq] * VALUES_PER_PACKET if seq < self.count else PRIMING_OFFSET
+        expected = (self.blocks[seq] * self.call.wire.lanes if seq < self.count
+                    else PRIMING_OFFSET)
         return seq if offset == expected else None
 
     def on_pending_frame(self, now: float, ptype: int, version: int, slot: int, offset: int,
@@ -175,12 +176,12 @@ class SwitchChannel(SlotWindow):
             return
         block = self.blocks[seq] if seq < self.count else -1
         mine = self.owners is None or (block >= 0 and self.owners[seq] == self.me)
-        if block >= 0 and mine and (ptype == PacketType.ACK or len(data) < PAYLOAD_BYTES):
+        wire = self.call.wire
+        if block >= 0 and mine and (ptype == PacketType.ACK or len(data) < wire.payload_bytes):
             return  # the owner needs the values
         self.answered(now, slot)
         if block >= 0 and mine:
-            values = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
-                                   offset=HEADER_BYTES)
+            values = np.frombuffer(data, dtype=LANE_DTYPE, count=wire.lanes, offset=HEADER_BYTES)
             self.call.reduced(self.stripe, self.level, block, values)
         if not self.finished(slot):
             following = slot + self.next_use[slot] * self.window
@@ -208,7 +209,7 @@ class Call:
 
     def __init__(self, plan: Membership, nics: list[NicState], flat: np.ndarray, tag: int,
                  last_generation: int | None, now: float, window: int, timeout: float,
-                 start_timeout: float,
+                 start_timeout: float, wire: Wire,
                  progress: Callable[[int, int], None] | None = None,
                  backlog: Callable[[int], bool] | None = None) -> None:
         self.plan = plan
@@ -230,7 +231,8 @@ class Call:
         self.adopted: set[tuple[int, int]] = set()  # broken groups learnt in the exchange
         self.generation = 0  # in every frame of this call to a switch (agreed by the exchange)
         self.length = flat.size
-        self.blocks = max(1, -(-flat.size // VALUES_PER_PACKET))
+        self.wire = wire  # the switches' lane width: a block is one packet's values
+        self.blocks = wire.chunks(flat.size)
         self.stats = CallStats()
         self.layout = Layout(self.schedule, self.blocks)
         server = plan.server
@@ -363,9 +365,6 @@ class Call:
     def home_of(self, key: PeerKey) -> int:
         return self.plan.home_of(key[1])
 
-    def valid_count(self, block: int) -> int:
-        return max(0, min(VALUES_PER_PACKET, self.length - block * VALUES_PER_PACKET))
-
     def depth(self, stripe: int, block: int) -> int:
         """The deepest piece of this server that holds ``block``."""
         depth = 0
@@ -393,7 +392,7 @@ class Call:
 
     def _ask_generation(self) -> None:
         for level, job in sorted(self.asking):
-            self.send_frame(level, generation_question(job, self.me[level]))
+            self.send_frame(level, generation_question(job, self.me[level], self.wire))
         self.next_scan = self.now + GENERATION_ASK_EVERY
 
     def _generation_answer(self, level: int, job: int, generation: int) -> None:
@@ -429,7 +428,7 @@ class Call:
         self.phase = Phase.EXPONENTS
         self.deadline = self.now + self.timeout
         self.next_scan = self.now + 0.05
-        padded = np.zeros((self.blocks, VALUES_PER_PACKET), dtype=np.float32)
+        padded = np.zeros((self.blocks, self.wire.lanes), dtype=np.float32)
         padded.reshape(-1)[:self.length] = self.flat
         self.padded = padded
         self.merged = block_exponents(padded).astype(np.uint8)
@@ -502,9 +501,7 @@ class Call:
         self.exponents = self.merged.astype(np.int64)
         self.stats.exponent_seconds = self.now - self.started
         n_total = self.topology.num_servers
-        scale = shift(self.exponents, n_total)
-        self.acc = np.rint(np.ldexp(self.padded.astype(np.float64),
-                                    scale[:, None])).astype(np.int32)
+        self.acc = quantize_blocks(self.padded, self.exponents, n_total)
         del self.padded
         self.phase = Phase.STEPS
         self.deadline = self.started + self.timeout
@@ -545,7 +542,8 @@ class Call:
         self.done_sent = False
         # Per stripe: which blocks go how at each RS step; channels for switch steps.
         self.rs_owner: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        in_flight = nic_in_flight(self.schedule, plan.server)
+        in_flight = nic_in_flight(self.schedule, plan.server,
+                                  frame_bytes=self.wire.frame_bytes)
         for p in range(topo.k):
             for j, dim in enumerate(self.rs_dims[p]):
                 parts = self.layout.rs_parts(p, j, plan.server)
@@ -570,7 +568,7 @@ class Call:
                 self.ranges[(Kind.CONTRIB, p, j)] = outgoing
                 mine = parts[self.me[dim]][1]
                 if length(mine):
-                    self.incoming[(p, j)] = np.zeros((self.blocks, VALUES_PER_PACKET),
+                    self.incoming[(p, j)] = np.zeros((self.blocks, self.wire.lanes),
                                                      dtype=np.int32)
                     self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
             if self.ar_dim[p] is not None:
@@ -658,8 +656,8 @@ class Call:
     def _broadcast(self, p: int, j: int, dim: int, block: int) -> None:
         self.send_frame(dim, HEADER_STRUCT.pack(
             PacketType.BROADCAST, 0, stripe_job_id(self.plan.job, p), self.me[dim], 0, 0,
-            int(self.exponents[block]), self.valid_count(block), self.generation,
-            block * VALUES_PER_PACKET) + self.acc[block].astype(LANE_DTYPE).tobytes())
+            int(self.exponents[block]), self.wire.blocks, self.generation,
+            block * self.wire.lanes) + self.acc[block].astype(LANE_DTYPE).tobytes())
         self.stats.broadcasts += 1
         self.broadcast_left[(p, j)] -= 1
         if self.broadcast_left[(p, j)] == 0:
@@ -700,7 +698,7 @@ class Call:
     def _on_frame(self, level: int, data: bytes | bytearray | memoryview) -> None:
         if len(data) < HEADER_BYTES or level >= len(self.nics):
             return
-        (ptype, version, job, _worker, _owner, slot, _exp, _count, generation, offset) = \
+        (ptype, version, job, _worker, _owner, slot, _exp, count, generation, offset) = \
             HEADER_STRUCT.unpack_from(data)
         nic = self.nics[level]
         nic.heard(self.now)
@@ -708,6 +706,10 @@ class Call:
         if rest or not 0 <= p < self.topology.k:
             return
         if ptype == PacketType.GENERATION:
+            mismatch = width_mismatch(count, self.wire, f"{self._switch_name(level)} "
+                                      f"({nic.switch_ip}, level {level})")
+            if mismatch:
+                raise TransportError(f"{self.who()}: {mismatch}")
             if self.phase is Phase.GENERATION:
                 self._generation_answer(level, job, generation)
             elif self.phase is Phase.STEPS and newer_generation(generation, self.generation):
@@ -720,13 +722,13 @@ class Call:
         if self.phase is not Phase.STEPS:
             return
         if ptype == PacketType.BROADCAST:
-            block = offset // VALUES_PER_PACKET
-            if (generation == self.generation and len(data) >= PAYLOAD_BYTES
-                    and offset % VALUES_PER_PACKET == 0
+            lanes = self.wire.lanes
+            block = offset // lanes
+            if (generation == self.generation and len(data) >= self.wire.payload_bytes
+                    and offset % lanes == 0
                     and self.layout.stripe(p)[0] <= block < self.layout.stripe(p)[1]
                     and level in self.rs_dims[p]):
-                values = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
-                                       offset=HEADER_BYTES)
+                values = np.frombuffer(data, dtype=LANE_DTYPE, count=lanes, offset=HEADER_BYTES)
                 self._finalise(p, block, values)
         elif ptype in RESULT_TYPES:
             channel = self.channels.get((p, level))
@@ -752,7 +754,7 @@ class Call:
         if kind in (Kind.CONTRIB, Kind.FINAL):
             if p >= self.topology.k or start + count > self.blocks:
                 return
-            values = np.frombuffer(payload, dtype=LANE_DTYPE).reshape(-1, VALUES_PER_PACKET)[:count]
+            values = np.frombuffer(payload, dtype=LANE_DTYPE).reshape(-1, self.wire.lanes)[:count]
             if kind == Kind.CONTRIB:
                 if (p, j) not in self.incount:
                     return
@@ -811,7 +813,7 @@ class Call:
         for level in self.plan.live_levels():
             nic = self.nics[level]
             ask = partial(self.send_frame, level,
-                          generation_question(self.plan.probe_job(), self.me[level]))
+                          generation_question(self.plan.probe_job(), self.me[level], self.wire))
             if not switch_down(nic, now, ask):
                 continue
             owed = [f"{c.name}: {c.waiting()} slot(s) waiting"

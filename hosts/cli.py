@@ -63,10 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--window", type=int, help="slots of the job's pool a stripe's first "
                       f"switch channel uses (default {DEFAULT_WINDOW}); every channel keeps at "
                       f"most {IN_FLIGHT} frames in flight, and a later step's no more slots "
-                      f"than that (one NIC: default {ONE_NIC_WINDOW}, all in flight)")
+                      f"than that (one NIC: default {ONE_NIC_WINDOW}, fewer of wide frames, all in "
+                      "flight)")
     push.add_argument("--elastic", action="store_true", default=None,
                       help="on a star: if a worker leaves mid-push, finish with the others "
                            "(default: as the job was set up, bml-ctl job-add --elastic)")
+    push.add_argument("--lanes", type=int, help="values per packet (default: the width of the "
+                      "P4 build the job's switches run, as bml-ctl recorded it, else 64)")
     push.add_argument("--timeout", type=float, default=60.0, help="bound on the whole push (s)")
     push.add_argument("--start-timeout", type=float, default=10.0,
                       help="bound on the first answer, i.e. on all workers starting (s)")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         with Worker(args.job, args.rank, args.world, args.interface, args.switch,
                     window=args.window, timeout=args.timeout,
                     start_timeout=args.start_timeout, schedule=args.schedule,
-                    fabric=args.fabric, elastic=args.elastic) as worker:
+                    fabric=args.fabric, elastic=args.elastic, lanes=args.lanes) as worker:
             total = worker.allreduce(gradient, ProgressBar(sys.stderr.isatty()))
             stats = worker.last_stats
             nic_bytes = ",".join(f"{name}:{tx}/{rx}" for name, (tx, rx)

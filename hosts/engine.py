@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bml.protocol import HEADER_BYTES, PAYLOAD_BYTES, PacketType, generation_question
+from bml.protocol import DEFAULT_WIRE, HEADER_BYTES, MTU, PacketType, Wire, generation_question
 from bml.schedule import (
     DEFAULT_WINDOW,
     Schedule,
@@ -41,10 +41,13 @@ class Engine:
     def __init__(self, job: int, server: int, topology: Topology, schedule: Schedule,
                  nics: list[tuple[str, str]], window: int = DEFAULT_WINDOW,
                  timeout: float = 60.0,
-                 start_timeout: float = 10.0, elastic: bool = False) -> None:
+                 start_timeout: float = 10.0, elastic: bool = False,
+                 wire: Wire = DEFAULT_WIRE) -> None:
         """``nics``: (own address, switch address) per level. ``elastic``: on a star, when a
-        worker leaves mid-call the others go on without it (``Membership.shrunk``)."""
+        worker leaves mid-call the others go on without it (``Membership.shrunk``).
+        ``wire``: the lane width of the job's switches (recorded with the job)."""
         self.plan = Membership.of(job, server, topology, schedule, elastic)
+        self.wire = wire
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.calls = 0  # on this mesh: a call's tag (a new mesh starts again, on every end)
         # A failure the last call saw after it had its result (a part down, a neighbour
@@ -126,7 +129,7 @@ class Engine:
         plan = self.plan
         me = plan.topology.digits(plan.server)
         waiting = set(levels)
-        buffer = bytearray(PAYLOAD_BYTES + 64)
+        buffer = bytearray(MTU)
         # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
         # late, not never.
         wait = max([SWITCH_DEADLINE,
@@ -136,7 +139,8 @@ class Engine:
         while waiting and time.monotonic() < deadline:
             if time.monotonic() >= next_ask:
                 for level in waiting:
-                    self.links[level].send(generation_question(plan.probe_job(), me[level]))
+                    self.links[level].send(generation_question(plan.probe_job(), me[level],
+                                                               self.wire))
                 next_ask = time.monotonic() + wait / 4
             select.select([self.links[level].sock for level in waiting], [], [], 0.05)
             for level in list(waiting):
@@ -176,7 +180,7 @@ class Engine:
             generation, self.generation = self.generation, None
             call = Call(self.plan, self.nic_states, flat, self.calls, generation,
                         time.monotonic(), self.window, self.timeout, self.start_timeout,
-                        progress, backlog=lambda level: bool(self.links[level].outbox))
+                        self.wire, progress, backlog=lambda level: bool(self.links[level].outbox))
             try:
                 self._drive(call)
             except MeshError as exc:

@@ -3,7 +3,9 @@
 A call (``hosts.call.Call`` on every NIC of a BCube server, ``hosts.single.SingleSwitchCall``
 on one NIC) is a state machine without I/O. ``drive`` feeds it what arrives on the NICs' UDP
 sockets and the mesh's TCP connections, and when its timer is due, and sends what it asks to
-send, until it has failed, or completed and everything it sent has left.
+send, until it has failed, or completed and everything it sent has left. Frames move in
+batches (``bml.sockets``): one recvmmsg takes up to ``BATCH`` datagrams from a NIC, one
+sendmmsg hands a NIC's share of what the call asks to send to the kernel.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
-from bml.protocol import BML_UDP_PORT, PAYLOAD_BYTES, job_udp_port
-from bml.sockets import force_buffers
+from bml.protocol import BML_UDP_PORT, MTU, job_udp_port
+from bml.sockets import BATCH, QUEUE_FULL, BatchReceiver, BatchSender, force_buffers
 from hosts.errors import TransportError
-from hosts.mesh import Peer, queue_full
+from hosts.mesh import Peer
 
 RECV_BATCH = 4096  # datagrams read from one NIC before the loop looks at the others
 POLL_CAP = 0.01  # s: the loop wakes at least this often (paced mesh connections)
@@ -30,7 +33,9 @@ class NicSocket:
 
     A frame the kernel refuses for another reason than a full queue (the NIC is down) is
     dropped and counted: the switch watch then finds the switch silent and the call is
-    re-planned around it, as for any frame lost on the way."""
+    re-planned around it, as for any frame lost on the way. Frames go in batches (one
+    sendmmsg each) and come in batches (``receiver``: a ring of ``BATCH`` MTU-sized
+    buffers, one recvmmsg each)."""
 
     level: int
     ip: str
@@ -38,6 +43,12 @@ class NicSocket:
     sock: socket.socket
     outbox: deque = field(default_factory=deque)
     refused: int = 0
+    sender: BatchSender = field(default_factory=lambda: BatchSender(BATCH, MTU), repr=False)
+    receiver: BatchReceiver = field(default_factory=lambda: BatchReceiver(BATCH, MTU),
+                                    repr=False)
+
+    def __post_init__(self) -> None:
+        self.destination = (self.switch_ip, BML_UDP_PORT)
 
     @classmethod
     def open(cls, level: int, ip: str, switch_ip: str, job: int) -> NicSocket:
@@ -55,25 +66,38 @@ class NicSocket:
         return cls(level, ip, switch_ip, sock)
 
     def send(self, frame: bytes) -> None:
-        if not self.outbox:
-            try:
-                self.sock.sendto(frame, (self.switch_ip, BML_UDP_PORT))
+        self.send_many([frame])
+
+    def send_many(self, frames: list[bytes]) -> None:
+        """Send ``frames`` in order (behind any the outbox holds): what the kernel cannot
+        take for a full queue waits in the outbox; a frame it refuses otherwise is dropped
+        and counted in ``refused``."""
+        if self.outbox:
+            self.outbox.extend(frames)
+            return
+        while frames:
+            sent, err = self.sender.send(self.sock, frames, self.destination)
+            if not err:
                 return
-            except OSError as exc:
-                if not queue_full(exc):
-                    self.refused += 1
-                    return
-        self.outbox.append(frame)
+            if err in QUEUE_FULL:
+                self.outbox.extend(islice(frames, sent, None))
+                return
+            self.refused += 1
+            frames = frames[sent + 1:]
 
     def drain(self) -> None:
-        while self.outbox:
-            try:
-                self.sock.sendto(self.outbox[0], (self.switch_ip, BML_UDP_PORT))
-            except OSError as exc:
-                if queue_full(exc):
+        """Send what the outbox holds, a batch per system call, until the queue is full."""
+        outbox, send, batch = self.outbox, self.sender.send, self.sender.count
+        while outbox:
+            frames = list(islice(outbox, batch))
+            sent, err = send(self.sock, frames, self.destination)
+            for _ in range(sent):
+                outbox.popleft()
+            if err:
+                if err in QUEUE_FULL:
                     return
                 self.refused += 1
-            self.outbox.popleft()
+                outbox.popleft()
 
 
 class Drivable(Protocol):
@@ -99,8 +123,6 @@ def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], P
     """The one loop: sockets in, the call's inputs; the call's outputs, sockets out. It
     returns once the call failed, or completed and everything it sent has left. ``tag``:
     the call's, in the mesh messages that are its own; ``who`` names the worker in errors."""
-    buffer = bytearray(PAYLOAD_BYTES + 64)
-    view = memoryview(buffer)
     by_fd = {link.sock.fileno(): link for link in links}
     peer_fd = {peer.sock.fileno(): (key, peer) for key, peer in peers.items()}
     poll = select.poll()
@@ -142,7 +164,7 @@ def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], P
         for fd, event in poll.poll(wait * 1000):
             link = by_fd.get(fd)
             if link is not None:
-                _receive(call, link, view)
+                _receive(call, link)
                 continue
             key, peer = peer_fd[fd]
             if event & select.POLLOUT:
@@ -157,14 +179,20 @@ def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], P
             call.on_timer(now)
 
 
-def _receive(call: Drivable, link: NicSocket, view: memoryview) -> None:
-    recv_into = link.sock.recv_into
-    for _ in range(RECV_BATCH):
-        try:
-            size = recv_into(view)
-        except (BlockingIOError, InterruptedError):
+def _receive(call: Drivable, link: NicSocket) -> None:
+    """Up to ``RECV_BATCH`` datagrams from ``link``, a recvmmsg at a time, each fed to the
+    call as a view into the NIC's receive ring (valid for that ``on_frame`` only)."""
+    receive, sock, level, on_frame = link.receiver.receive, link.sock, link.level, call.on_frame
+    batch = link.receiver.count
+    for _ in range(-(-RECV_BATCH // batch)):
+        views = receive(sock)
+        if not views:
             return
-        call.on_frame(time.monotonic(), link.level, view[:size])
+        now = time.monotonic()
+        for view in views:
+            on_frame(now, level, view)
+        if len(views) < batch:
+            return  # the socket is drained: no need to ask again
 
 
 def _deliver(call: Drivable, key: tuple[int, int], peer: Peer, tag: int) -> None:
@@ -175,9 +203,16 @@ def _deliver(call: Drivable, key: tuple[int, int], peer: Peer, tag: int) -> None
 
 def _send(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], Peer]) -> None:
     frames = call.take_frames()
-    for level, frame in frames:
-        links[level].send(frame)
     if frames:
+        if len(links) == 1:
+            links[0].send_many([frame for _level, frame in frames])
+        else:
+            per_link: list[list[bytes]] = [[] for _ in links]
+            for level, frame in frames:
+                per_link[level].append(frame)
+            for link, share in zip(links, per_link, strict=True):
+                if share:
+                    link.send_many(share)
         call.on_sent(time.monotonic())
     for key, message in call.take_messages():
         peers[key].queue(message)

@@ -39,15 +39,14 @@ from bml.protocol import (
     HEADER_BYTES,
     HEADER_STRUCT,
     LANE_DTYPE,
-    PAYLOAD_BYTES,
     PRIMING_OFFSET,
     RESULT_TYPES,
-    VALUES_PER_PACKET,
-    ZERO_LANES,
     PacketType,
+    Wire,
     generation_question,
     length_lanes,
     newer_generation,
+    width_mismatch,
 )
 from hosts.errors import LengthMismatch, TransportError
 from hosts.quantize import block_exponents, dequantize, quantize_to_wire
@@ -93,28 +92,29 @@ class InBandWindow(SlotWindow):
         use = self.next_use[slot]
         version, job, me, generation = use & 1, call.job, call.worker, call.generation
         chunk = self.chunk(slot)
+        wire = call.wire
         if chunk == -1:
-            lanes = ZERO_LANES
+            lanes = wire.zero_lanes
             if slot == 0:
-                lanes = struct.pack(f"!{VALUES_PER_PACKET}i", *length_lanes(call.length),
-                                    *[0] * (VALUES_PER_PACKET - 8))
+                lanes = wire.values_struct.pack(*length_lanes(call.length),
+                                                *[0] * (wire.lanes - 8))
             return HEADER_STRUCT.pack(PacketType.DATA, version, job, me, 0, slot,
-                                      call.announce(slot), 0, generation,
+                                      call.announce(slot), wire.blocks, generation,
                                       PRIMING_OFFSET) + lanes
         if chunk == -2:
             return HEADER_STRUCT.pack(PacketType.DATA, version, job, me, 0, slot,
-                                      EXPONENT_NONE, 0, generation, PRIMING_OFFSET) + ZERO_LANES
+                                      EXPONENT_NONE, wire.blocks, generation,
+                                      PRIMING_OFFSET) + wire.zero_lanes
         e_max = self.next_exponent[slot]
         if call.own_exponents[chunk] > e_max:
             raise TransportError(
                 f"job {job}: the switch announced max exponent {e_max} for chunk {chunk}, "
                 f"below this worker's {call.own_exponents[chunk]}: the job's slots hold state "
                 "from another run; reset the job (bml-ctl job-remove / job-add)")
-        values = quantize_to_wire(call.blocks64[chunk], e_max, call.workers)
-        count = min(VALUES_PER_PACKET, call.length - chunk * VALUES_PER_PACKET)
+        values = quantize_to_wire(call.blocks[chunk], e_max, call.workers)
         return HEADER_STRUCT.pack(PacketType.DATA, version, job, me, 0, slot,
-                                  call.announce(chunk + self.window), max(count, 0),
-                                  generation, chunk * VALUES_PER_PACKET) + values
+                                  call.announce(chunk + self.window), wire.blocks,
+                                  generation, chunk * wire.lanes) + values
 
     def expects(self, version: int, slot: int, offset: int) -> bool:
         """Whether an answer with these fields is for the slot's use in flight."""
@@ -123,7 +123,7 @@ class InBandWindow(SlotWindow):
         if version != self.next_use[slot] & 1:
             return False
         chunk = self.chunk(slot)
-        return offset == (chunk * VALUES_PER_PACKET if chunk >= 0 else PRIMING_OFFSET)
+        return offset == (chunk * self.call.wire.lanes if chunk >= 0 else PRIMING_OFFSET)
 
     def restart(self, now: float) -> None:
         """Send every slot's use in flight again from scratch (a new generation)."""
@@ -140,9 +140,10 @@ class SingleSwitchCall:
 
     def __init__(self, job: int, worker: int, workers: int, nic: NicState, flat: np.ndarray,
                  last_generation: int | None, now: float, window: int, timeout: float,
-                 start_timeout: float,
+                 start_timeout: float, wire: Wire,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.job, self.worker, self.workers, self.nic = job, worker, workers, nic
+        self.wire = wire  # the switch's lane width: a chunk is one packet's values
         self.now = self.started = now
         self.timeout, self.start_timeout = timeout, start_timeout
         self.progress = progress
@@ -151,13 +152,13 @@ class SingleSwitchCall:
         self.error: TransportError | None = None
         self.stats = CallStats()
         self.length = flat.size
-        self.chunks = max(1, -(-flat.size // VALUES_PER_PACKET))
-        blocks = np.zeros((self.chunks, VALUES_PER_PACKET), dtype=np.float32)
+        self.chunks = wire.chunks(flat.size)
+        blocks = np.zeros((self.chunks, wire.lanes), dtype=np.float32)
         blocks.reshape(-1)[:self.length] = flat
         self.own_exponents = block_exponents(blocks)
-        self.blocks64 = blocks.astype(np.float64)
+        self.blocks = blocks  # float32: quantize_to_wire scales it exactly
         self.window = min(window, self.chunks)
-        self.sums = np.zeros((self.chunks, VALUES_PER_PACKET), dtype=np.int32)
+        self.sums = np.zeros((self.chunks, wire.lanes), dtype=np.int32)
         self.max_exponents = np.zeros(self.chunks, dtype=np.int64)
         self.done_chunks = 0
         self.primed = 0
@@ -230,7 +231,7 @@ class SingleSwitchCall:
         return self.started + self.start_timeout
 
     def _ask_generation(self) -> None:
-        self.send_frame(0, generation_question(self.job, self.worker))
+        self.send_frame(0, generation_question(self.job, self.worker, self.wire))
         self.asked = self.now
         self.next_scan = self.now + GENERATION_ASK_EVERY
 
@@ -245,12 +246,15 @@ class SingleSwitchCall:
     def _on_frame(self, data: bytes | bytearray | memoryview) -> None:
         if len(data) < HEADER_BYTES:
             return
-        (ptype, version, job, _w, _o, slot, exponent, _c, generation, offset) = \
+        (ptype, version, job, _w, _o, slot, exponent, count, generation, offset) = \
             HEADER_STRUCT.unpack_from(data)
         if job != self.job:
             return
         self.nic.heard(self.now)
         if ptype == PacketType.GENERATION:
+            mismatch = width_mismatch(count, self.wire, self.nic.switch_ip)
+            if mismatch:
+                raise TransportError(f"{self.who()}: {mismatch}")
             if self.phase is Phase.GENERATION:
                 self._start((generation + 1) % GENERATIONS)
             elif newer_generation(generation, self.generation):
@@ -273,11 +277,11 @@ class SingleSwitchCall:
         if ptype == PacketType.MISSING:
             slots.on_missing(self.now, slot)
             return
-        if ptype not in RESULT_TYPES or len(data) < PAYLOAD_BYTES:
+        if ptype not in RESULT_TYPES or len(data) < self.wire.payload_bytes:
             return
         chunk = slots.chunk(slot)
         if chunk >= 0:
-            self.sums[chunk] = np.frombuffer(data, dtype=LANE_DTYPE, count=VALUES_PER_PACKET,
+            self.sums[chunk] = np.frombuffer(data, dtype=LANE_DTYPE, count=self.wire.lanes,
                                              offset=HEADER_BYTES)
             self.max_exponents[chunk] = slots.next_exponent[slot]
             self.done_chunks += 1
@@ -304,7 +308,7 @@ class SingleSwitchCall:
             self._ask_generation()
             return
         if switch_down(self.nic, now, lambda: self.send_frame(
-                0, generation_question(self.job, self.worker))):
+                0, generation_question(self.job, self.worker, self.wire))):
             raise TransportError(
                 f"{self.who()}: switch {self.nic.switch_ip} stopped answering: nothing from it "
                 f"for {now - self.nic.last_heard:.1f} s, not even to a question whether it "

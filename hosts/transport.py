@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bml.protocol import ONE_NIC_WINDOW
+from bml.protocol import DEFAULT_WIRE, ONE_NIC_WINDOW, Wire
 from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
 from hosts.recovery import NicState
@@ -28,8 +28,9 @@ class AggregationTransport:
 
     def __init__(self, job_id: int, worker_id: int, num_workers: int, local_ip: str,
                  switch_ip: str, window: int = ONE_NIC_WINDOW, timeout: float = 60.0,
-                 start_timeout: float = 10.0) -> None:
+                 start_timeout: float = 10.0, wire: Wire = DEFAULT_WIRE) -> None:
         self.job_id, self.worker_id, self.num_workers = job_id, worker_id, num_workers
+        self.wire = wire
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.link = NicSocket.open(0, local_ip, switch_ip, job_id)
         self.nic = NicState(0, switch_ip)
@@ -47,7 +48,7 @@ class AggregationTransport:
         last, self.generation = self.generation, None
         call = SingleSwitchCall(self.job_id, self.worker_id, self.num_workers, self.nic, flat,
                                 last, time.monotonic(), self.window, self.timeout,
-                                self.start_timeout, progress)
+                                self.start_timeout, self.wire, progress)
         drive(call, [self.link], {}, 0, call.who())
         if call.error is not None:
             raise call.error

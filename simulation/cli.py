@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 
+from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from bml.schedule import SCHEDULES
 from control_plane.cli import parse_size
 from simulation.world import FAULT_KINDS, Verdict, lossy_gst, run_seed
@@ -34,7 +35,8 @@ def print_verdict(verdict: Verdict) -> None:
 
 
 def soak(seeds: int, start: int, topologies: list[str], floats: int, rate: float,
-         loss: float, kinds: tuple[str, ...], quiet: bool = False) -> int:
+         loss: float, kinds: tuple[str, ...], quiet: bool = False,
+         lanes: int = DEFAULT_LANES) -> int:
     """Trials spread over ``topologies``; per fault kind: trials, problems, and trials in
     which a fault that leaves a way on still ended a worker with an error (past the first
     whole block, where re-running the call cannot gather everyone)."""
@@ -44,7 +46,8 @@ def soak(seeds: int, start: int, topologies: list[str], floats: int, rate: float
     for i in range(seeds):
         seed = start + i
         topo = topologies[i % len(topologies)]
-        verdict = run_seed(seed, topo, floats=floats, rate=rate, loss=loss, kinds=kinds)
+        verdict = run_seed(seed, topo, floats=floats, rate=rate, loss=loss, kinds=kinds,
+                           lanes=lanes)
         kind = verdict.scenario.faults[0].kind
         ran[kind] += 1
         if verdict.late and verdict.unfinished:
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--floats", type=parse_size, default=4096)
         sub.add_argument("--rate", type=float, default=100e6, help="bits/s of every link")
         sub.add_argument("--loss", type=float, default=0.0, help="drop probability each way")
+        sub.add_argument("--lanes", type=int, default=DEFAULT_LANES, choices=BUILT_LANES,
+                         help="values per packet: the P4 build the switches run")
         sub.add_argument("--kinds", default=",".join(FAULT_KINDS),
                          help=f"fault kinds to draw from ({', '.join(FAULT_KINDS)})")
     loss = commands.add_parser("loss")
@@ -118,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(FAULT_KINDS)}")
     if args.command == "run":
         verdict = run_seed(args.seed, args.topo, args.schedule, args.floats, args.rate,
-                           args.loss, kinds)
+                           args.loss, kinds, lanes=args.lanes)
         print_verdict(verdict)
         return 0 if verdict.ok else 1
     return soak(args.seeds, args.start, _topologies(args.topos), args.floats, args.rate,
-                args.loss, kinds)
+                args.loss, kinds, lanes=args.lanes)
 
 
 def _topologies(text: str) -> list[str]:

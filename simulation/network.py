@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from bml.cost_model import TCP_IP_ETH_OVERHEAD, tcp_segment_payload
-from bml.protocol import BML_UDP_PORT, CONTROLLER_MAGIC, CPU_PORT
+from bml.protocol import BML_UDP_PORT, CONTROLLER_MAGIC, CPU_PORT, DEFAULT_WIRE, Wire
 from bml.topology import Switch, Topology, ip_to_int, mac_to_int
 from control_plane.admission import admission_entries
 from control_plane.aggregation import reset_frames
@@ -254,13 +254,16 @@ class Network:
 
     def __init__(self, clock: Clock, topology: Topology, shape: LinkShape, rng: random.Random,
                  deliver_frame: Callable[[int, int, bytes], None], *,
-                 stream_window: int = DEFAULT_STREAM_WINDOW) -> None:
+                 stream_window: int = DEFAULT_STREAM_WINDOW,
+                 wire: Wire = DEFAULT_WIRE) -> None:
         self.clock, self.topology, self.shape, self.rng = clock, topology, shape, rng
         self.deliver_frame = deliver_frame
         self.stream_window = stream_window
-        self._p4info = built_p4info()
+        self.wire = wire  # the lane width of every switch's pipeline
+        self._p4info = built_p4info(wire.lanes)
         self._packet_out = packet_out_header(self._p4info)
-        self._nodes = {sw.name: _SwitchNode(sw, Pipeline()) for sw in topology.switches}
+        self._nodes = {sw.name: _SwitchNode(sw, Pipeline(lanes=wire.lanes))
+                       for sw in topology.switches}
         self._links: list[_Link] = []  # index server * k + level
         self.counters: dict[tuple[int, int, str], LinkDirection] = {}
         for server in range(topology.num_servers):
@@ -298,7 +301,7 @@ class Network:
         apply_entries(pipeline, admission_entries(group) + owner_entries(group), self._p4info)
         pipeline.tables = replace(pipeline.tables, mcast_groups={
             **pipeline.tables.mcast_groups, group.mcast_group: tuple(group_ports(group))})
-        for frame in reset_frames(node.switch, group):
+        for frame in reset_frames(node.switch, group, self.wire):
             pipeline.process(CPU_PORT, self._packet_out + frame)
 
     def install_job(self, plan: JobPlan) -> None:
@@ -557,7 +560,7 @@ class Network:
 
     def restore_switch(self, name: str) -> None:
         """Power on again: registers at zero, tables empty, until provisioned."""
-        self._nodes[name].pipeline = Pipeline()
+        self._nodes[name].pipeline = Pipeline(lanes=self.wire.lanes)
 
     def set_link(self, server: int, level: int, up: bool) -> None:
         link = self._links[server * self.topology.k + level]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bml.protocol import ONE_NIC_WINDOW, job_udp_port
+from bml.protocol import DEFAULT_LANES, ONE_NIC_WINDOW, job_udp_port, wire
 from bml.topology import Topology
 from control_plane.jobs import plan_job
 from hosts.recovery import NicState
@@ -39,16 +39,20 @@ class OneNicOutcome:
 
 
 class OneNicRun:
-    """``workers`` one-NIC workers of one job on star:``workers``."""
+    """``workers`` one-NIC workers of one job on star:``workers``; the switch runs the
+    ``lanes``-wide build, the workers send ``host_lanes`` (default: the same) values per
+    packet."""
 
     def __init__(self, workers: int, rate: float = 100e6, loss: float = 0.0, seed: int = 0,
                  window: int = ONE_NIC_WINDOW, timeout: float = 60.0,
-                 start_timeout: float = 10.0) -> None:
+                 start_timeout: float = 10.0, lanes: int = DEFAULT_LANES,
+                 host_lanes: int | None = None) -> None:
         self.workers = workers
         self.clock = Clock()
         self.topology = Topology.parse(f"star:{workers}")
         self.network = Network(self.clock, self.topology, LinkShape(rate=rate, loss=loss),
-                               random.Random(seed), self._deliver)
+                               random.Random(seed), self._deliver, wire=wire(lanes))
+        self.host_wire = wire(host_lanes or lanes)
         for switch in self.topology.switches:
             self.network.provision(switch.name)
         self.network.install_job(plan_job(self.topology, JOB, list(range(workers)), 0,
@@ -96,7 +100,7 @@ class OneNicRun:
         last, self.generations[worker] = self.generations[worker], None
         call = self.calls[worker] = SingleSwitchCall(
             JOB, worker, self.workers, self.nics[worker], flat, last, self.clock.now,
-            self.window, self.timeout, self.start_timeout)
+            self.window, self.timeout, self.start_timeout, self.host_wire)
         self._pump(worker, call)
 
     def _deliver(self, worker: int, level: int, payload: bytes) -> None:

@@ -232,7 +232,8 @@ class SimWorker:
         self.calls += 1
         generation, self.generation = self.generation, None
         self.call = Call(self.plan, self.nics, self.flat, self.calls, generation,
-                         self.clock.now, self.window, self.timeout, self.start_timeout)
+                         self.clock.now, self.window, self.timeout, self.start_timeout,
+                         self.network.wire)
         self.timer_at = float("inf")
         for home in list(self.inbox) + [h for h in self.closed if h not in self.inbox]:
             self._deliver(home)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bml.protocol import DEFAULT_LANES, wire
 from bml.schedule import DEFAULT_WINDOW, SCHEDULES, make_schedule
 from bml.topology import Topology
 from control_plane.jobs import plan_scheduled_job
@@ -54,13 +55,15 @@ class Scenario:
     timeout: float = 30.0
     start_timeout: float = 10.0
     window: int = 64
+    lanes: int = DEFAULT_LANES  # values per packet: which P4 build the switches run
     faults: list[Fault] = field(default_factory=list)
     seed: int = 0
 
     def command(self) -> str:
         """The command that replays this trial."""
         return (f"bml-sim run --seed {self.seed} --topo {self.topo} --schedule {self.schedule} "
-                f"--floats {self.floats} --rate {self.rate:g} --loss {self.loss:g}")
+                f"--floats {self.floats} --rate {self.rate:g} --loss {self.loss:g}"
+                + (f" --lanes {self.lanes}" if self.lanes != DEFAULT_LANES else ""))
 
 
 @dataclass
@@ -92,7 +95,8 @@ class World(WorkerWorld):
         self.clock = Clock()
         self.topology = Topology.parse(scenario.topo)
         shape = LinkShape(rate=scenario.rate, loss=scenario.loss, reorder=scenario.reorder)
-        self.network = Network(self.clock, self.topology, shape, self.rng, self._deliver)
+        self.network = Network(self.clock, self.topology, shape, self.rng, self._deliver,
+                               wire=wire(scenario.lanes))
         self.job = plan_scheduled_job(self.topology, JOB, scenario.schedule,
                                       pool_size=scenario.window)
         for switch in self.topology.switches:
@@ -204,7 +208,8 @@ def lossy_gst(topo: str, schedule: str, floats: int, rate: float, loss: float,
     grads = gradients(np.random.default_rng(seed), world.topology.num_servers, floats)
     world.call(grads, [], 900.0)
     outcomes = [w.outcome for w in world.workers.values()]
-    ok = all(o is not None and o.error is None and wrong_sum(o.result, grads) is None
+    ok = all(o is not None and o.error is None
+             and wrong_sum(o.result, grads, scenario.lanes) is None
              for o in outcomes)
     gst = max((o.ended for o in outcomes if o is not None), default=float("nan"))
     resent = sum(o.stats.retransmissions for o in outcomes if o is not None and o.stats)
@@ -215,11 +220,13 @@ def gradients(rng: np.random.Generator, servers: int, floats: int) -> list[np.nd
     return [rng.standard_normal(floats).astype(np.float32) * (1 + s) for s in range(servers)]
 
 
-def wrong_sum(result: np.ndarray | None, grads: list[np.ndarray]) -> str | None:
-    """None if ``result`` is the sum within the quantiser's stated bound, else what is wrong."""
+def wrong_sum(result: np.ndarray | None, grads: list[np.ndarray],
+              lanes: int = DEFAULT_LANES) -> str | None:
+    """None if ``result`` is the sum within the quantiser's stated bound (blocks of
+    ``lanes``), else what is wrong."""
     if result is None or result.shape != grads[0].shape:
         return "no result of the right shape"
-    error, bound, ok = check_sum(result, grads)
+    error, bound, ok = check_sum(result, grads, lanes)
     if ok:
         return None
     return f"off by up to {error:.3g}, more than the bound ({bound:.3g} at most)"
@@ -258,7 +265,8 @@ def expected_to_finish(fault: Fault, topology: Topology) -> bool:
 
 def run_seed(seed: int, topo: str = "bcube:2,2", schedule: str | None = None,
              floats: int = 4096, rate: float = 100e6, loss: float = 0.0,
-             kinds: tuple[str, ...] = FAULT_KINDS, duration: float | None = None) -> Verdict:
+             kinds: tuple[str, ...] = FAULT_KINDS, duration: float | None = None,
+             lanes: int = DEFAULT_LANES) -> Verdict:
     """One trial (see the module's docstring), replayable from its arguments."""
     rng = random.Random(zlib.crc32(f"{seed}:{topo}".encode()))
     topology = Topology.parse(topo)
@@ -266,9 +274,10 @@ def run_seed(seed: int, topo: str = "bcube:2,2", schedule: str | None = None,
     if schedule is None:
         schedule = drawn if topology.k > 1 else "in-network"
     if duration is None:
-        duration = fault_free_duration(topo, schedule, floats, rate)
+        duration = fault_free_duration(topo, schedule, floats, rate, lanes)
     faults = draw_faults(rng, topology, duration, kinds)
-    return run_trial(Scenario(topo, schedule, floats, rate, loss, faults=faults, seed=seed))
+    return run_trial(Scenario(topo, schedule, floats, rate, loss, lanes=lanes, faults=faults,
+                              seed=seed))
 
 
 def run_trial(scenario: Scenario) -> Verdict:
@@ -307,7 +316,7 @@ def run_trial(scenario: Scenario) -> Verdict:
                 problems.append(f"server {server} failed although {faults[0]} leaves a way on:"
                                 f" {outcome.error}")
             continue
-        wrong = wrong_sum(outcome.result, grads)
+        wrong = wrong_sum(outcome.result, grads, scenario.lanes)
         first[server] = "ok" if wrong is None else wrong
         if wrong is not None:
             problems.append(f"server {server} returned a wrong sum: {wrong}")
@@ -315,8 +324,8 @@ def run_trial(scenario: Scenario) -> Verdict:
     # A re-planned call runs again on every worker: once a worker holds a whole block it may
     # complete unaffected, and a re-run cannot gather everyone. Past that point a fault that
     # leaves a way on may still end some workers with an error (counted, not a problem).
-    late = bool(must_finish and min(f.at for f in faults) >= first_result_at(
-        topo, schedule, floats, rate))
+    late = bool(must_finish and faults and min(f.at for f in faults) >= first_result_at(
+        topo, schedule, floats, rate, scenario.lanes))
     if late:
         problems = [p for p in problems if "leaves a way on" not in p]
     # The next run: everything repaired, every worker a fresh process (as `bml-host push`).
@@ -337,7 +346,7 @@ def run_trial(scenario: Scenario) -> Verdict:
         elif outcome.error is not None:
             problems.append(f"next call: server {server} failed: {outcome.error}")
         else:
-            wrong = wrong_sum(outcome.result, grads)
+            wrong = wrong_sum(outcome.result, grads, scenario.lanes)
             if wrong is not None:
                 problems.append(f"next call: server {server} returned a wrong sum: {wrong}")
     return Verdict(scenario, problems, first, gst, world.clock.pending(), late)
@@ -346,11 +355,12 @@ def run_trial(scenario: Scenario) -> Verdict:
 _FAULT_FREE: dict[tuple, tuple[float, float]] = {}
 
 
-def _fault_free(topo: str, schedule: str, floats: int, rate: float) -> tuple[float, float]:
+def _fault_free(topo: str, schedule: str, floats: int, rate: float,
+                lanes: int) -> tuple[float, float]:
     """(the earliest first whole block, the last end) of a fault-free call (virtual s)."""
-    key = (topo, schedule, floats, rate)
+    key = (topo, schedule, floats, rate, lanes)
     if key not in _FAULT_FREE:
-        scenario = Scenario(topo, schedule, floats, rate, seed=-1)
+        scenario = Scenario(topo, schedule, floats, rate, lanes=lanes, seed=-1)
         world = World(scenario)
         grads = gradients(np.random.default_rng(0), world.topology.num_servers, floats)
         world.call(grads, [], scenario.timeout)
@@ -361,14 +371,16 @@ def _fault_free(topo: str, schedule: str, floats: int, rate: float) -> tuple[flo
     return _FAULT_FREE[key]
 
 
-def fault_free_duration(topo: str, schedule: str, floats: int, rate: float) -> float:
+def fault_free_duration(topo: str, schedule: str, floats: int, rate: float,
+                        lanes: int = DEFAULT_LANES) -> float:
     """How long a fault-free call of this kind takes (virtual s), to place faults in it."""
-    return _fault_free(topo, schedule, floats, rate)[1]
+    return _fault_free(topo, schedule, floats, rate, lanes)[1]
 
 
-def first_result_at(topo: str, schedule: str, floats: int, rate: float) -> float:
+def first_result_at(topo: str, schedule: str, floats: int, rate: float,
+                    lanes: int = DEFAULT_LANES) -> float:
     """When the first worker of a fault-free call holds its first whole block."""
-    return _fault_free(topo, schedule, floats, rate)[0]
+    return _fault_free(topo, schedule, floats, rate, lanes)[0]
 
 
 def _nic(target: str) -> tuple[int, int]:

@@ -4,13 +4,17 @@ magnitudes and 1% loss; every worker's sum within the quantiser's stated bound."
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from bml.protocol import WIDEST_LANES
 from bml.schedule import HOST_BASED, IN_NETWORK, MIXED
 from control_plane.fabric import Fabric
+from control_plane.session import SwitchError
+from control_plane.status import read_counters
 from emulation import net
 from emulation.netns import Shaping
 from emulation.workers import Push, PushResult, run_pushes
@@ -150,3 +154,74 @@ def test_a_missing_worker_is_named_and_no_one_hangs(bcube22, tmp_path):
     # Its other neighbours' giving up reaches server 0 at once.
     assert "closed its connection during the exponent exchange" in results[0].stderr
     assert_correct(push_all(state, 3, grads, tmp_path), grads, IN_NETWORK)
+
+
+@pytest.fixture(scope="module")
+def wide_bcube22():
+    """bcube:2,2 with every switch on the widest build (2,208 values per packet)."""
+    with emulation("twide", "bcube:2,2", lanes=WIDEST_LANES) as state:
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        fabric.add_scheduled_job(4)  # auto: the planner's choice at this width
+        yield state, fabric
+
+
+def test_the_widest_build_sums_right_with_the_switches_aggregating(wide_bcube22, tmp_path):
+    """The job records its switches' width (read from their P4Info); bml-host reads it from
+    the fabric, sends 2,208 values per packet, and the planner's schedule at that width puts
+    the switches to work (their AGGREGATED counters move)."""
+    state, fabric = wide_bcube22
+    assert fabric.job(4).lanes == WIDEST_LANES
+    before = {name: read_counters(name, *where)["aggregated"]
+              for name, where in fabric.addresses().items()}
+    grads = gradients(4, 100_003, 5)
+    results = push_all(state, 4, grads, tmp_path)
+    schedule = results[0].figure("schedule")
+    assert schedule != HOST_BASED
+    failed = [r.stderr for r in results if r.returncode != 0]
+    assert not failed, failed
+    for result in results:
+        error, bound, ok = check_sum(np.load(result.output), grads, WIDEST_LANES)
+        assert ok, f"error {error} beyond bound {bound}"
+    after = {name: read_counters(name, *where)["aggregated"]
+             for name, where in fabric.addresses().items()}
+    assert all(after[name] > before[name] for name in after), (before, after)
+
+
+def test_a_worker_of_another_width_fails_at_once_naming_both_and_the_job_still_works(
+        wide_bcube22, tmp_path):
+    state, _fabric = wide_bcube22
+    grads = gradients(4, 5_000, 6)
+    started = time.monotonic()
+    results = push_all(state, 4, grads, tmp_path, ["--lanes", "64", "--schedule", IN_NETWORK],
+                       timeout=60)
+    assert time.monotonic() - started < 20  # told by the first answer, not the 60 s timeout
+    for result in results:
+        assert result.returncode == 2, result.stderr
+        assert f"aggregates {WIDEST_LANES} lanes per packet and this worker sends 64" \
+            in result.stderr, result.stderr
+    results = push_all(state, 4, grads, tmp_path)
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
+
+
+def test_a_restarted_switch_is_given_the_wide_build_again(wide_bcube22, tmp_path):
+    """The health monitor re-provisions a restarted switch with the fabric's build (its
+    width), jobs included: the next pushes use it again, with no re-planning."""
+    state, fabric = wide_bcube22
+    net.fail_switch(state, "s0_0")
+    net.restore_switch(state, "s0_0")
+    grads = gradients(4, 20_000, 7)
+    deadline = time.monotonic() + 40
+    while True:
+        try:
+            before = read_counters("s0_0", *fabric.addresses()["s0_0"])["aggregated"]
+        except SwitchError:  # not answering yet
+            before = None
+        results = push_all(state, 4, grads, tmp_path, ["--start-timeout", "3"])
+        after = read_counters("s0_0", *fabric.addresses()["s0_0"])["aggregated"]
+        if (before is not None and after > before
+                and all(r.returncode == 0 and "replans" not in r.stdout for r in results)):
+            break
+        assert time.monotonic() < deadline, [r.stdout + r.stderr for r in results]
+        time.sleep(1)
+    for result in results:
+        assert check_sum(np.load(result.output), grads, WIDEST_LANES)[2]

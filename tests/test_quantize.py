@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bml.protocol import EXPONENT_NONE, VALUES_PER_PACKET
+from bml.protocol import DEFAULT_LANES, EXPONENT_NONE
 from hosts.quantize import (
     GradientError,
     block_exponents,
@@ -13,14 +13,16 @@ from hosts.quantize import (
     dequantize,
     error_bound,
     quantize,
+    quantize_blocks,
     quantize_to_wire,
+    shift,
 )
 
 
 def simulate(workers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What the switch and hosts compute: int32 sums of quantised blocks, dequantised."""
     n = len(workers)
-    blocks = [w.reshape(-1, VALUES_PER_PACKET) for w in workers]
+    blocks = [w.reshape(-1, DEFAULT_LANES) for w in workers]
     e_max = np.max([block_exponents(b) for b in blocks], axis=0)
     q = [np.stack([quantize(row, e, n) for row, e in zip(b, e_max, strict=True)])
          for b in blocks]
@@ -50,7 +52,7 @@ def test_error_bound_against_float64(workers, data):
     grads = [DATASETS[data](rng, length).astype(np.float32) for _ in range(workers)]
     result, e_max, _ = simulate(grads)
     exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    rows = result.reshape(-1, VALUES_PER_PACKET)
+    rows = result.reshape(-1, DEFAULT_LANES)
     bound = error_bound(e_max, workers, rows).reshape(-1)
     error = np.abs(result.astype(np.float64) - exact)
     assert np.all(np.isfinite(result))
@@ -90,7 +92,7 @@ def test_nan_and_inf_refused(bad):
 def test_wire_form_is_quantize_bit_for_bit():
     rng = np.random.default_rng(11)
     for scale in (1e-30, 1e-3, 1.0, 1e3, 1e30, 5e37):  # all finite in float32
-        block = (rng.standard_normal(VALUES_PER_PACKET) * scale).astype(np.float32)
+        block = (rng.standard_normal(DEFAULT_LANES) * scale).astype(np.float32)
         block[3] = 0.0
         for workers in (1, 2, 3, 8, 32):
             own = int(block_exponents(block[None, :])[0])
@@ -98,3 +100,24 @@ def test_wire_form_is_quantize_bit_for_bit():
             for values, exponent in cases:
                 expected = quantize(values, exponent, workers).astype(">i4").tobytes()
                 assert quantize_to_wire(values.astype(np.float64), exponent, workers) == expected
+
+
+@pytest.mark.parametrize("data", sorted(DATASETS))
+def test_float32_fast_paths_are_the_float64_route_bit_for_bit(data):
+    """``quantize_blocks`` and ``dequantize`` run in float32 where that is exact, and the
+    float64 route elsewhere (blocks so tiny that 2**s leaves float32): the same bits as
+    quantising and dequantising each row in float64."""
+    rng = np.random.default_rng(7)
+    blocks = DATASETS[data](rng, 300 * DEFAULT_LANES).astype(np.float32).reshape(
+        -1, DEFAULT_LANES)
+    blocks[::7] *= np.float32(1e-30)  # rows near the bottom of float32's range too
+    exponents = block_exponents(blocks)
+    for workers in (2, 5, 32):
+        fast = quantize_blocks(blocks, exponents, workers)
+        slow = np.stack([quantize(row, e, workers) for row, e in zip(blocks, exponents,
+                                                                     strict=True)])
+        assert fast.dtype == np.int32 and np.array_equal(fast, slow)
+        sums = fast * np.int32(workers // 2)
+        reference = np.ldexp(sums.astype(np.float64),
+                             -shift(exponents, workers)[:, None]).astype(np.float32)
+        assert np.array_equal(dequantize(sums, exponents, workers), reference)

@@ -9,9 +9,8 @@ from itertools import pairwise
 import pytest
 
 from bml import cost_model
-from bml.protocol import PAYLOAD_BYTES, VALUES_PER_PACKET, ResultMode
+from bml.protocol import DEFAULT_WIRE, ResultMode, wire
 from bml.schedule import (
-    BLOCK_VALUES,
     DEFAULT_WINDOW,
     FRAME_WIRE_BYTES,
     HOST_BASED,
@@ -153,8 +152,11 @@ def test_what_hosts_send_each_other_is_what_they_receive(spec, name):
     layout = Layout(make_schedule(topo, name), 1009)
     nics = [traffic(layout, server) for server in range(topo.num_servers)]
     for level in range(topo.k):
-        up = sum(nic[level].up.stream + nic[level].up.stream_overhead for nic in nics)
-        down = sum(nic[level].down.stream + nic[level].down.stream_overhead for nic in nics)
+        up = sum(nic[level].up.stream_blocks for nic in nics)
+        down = sum(nic[level].down.stream_blocks for nic in nics)
+        assert up == down
+        up = sum(nic[level].up.stream_overhead for nic in nics)
+        down = sum(nic[level].down.stream_overhead for nic in nics)
         assert up == down
 
 
@@ -186,14 +188,26 @@ def test_wire_prediction_prices_every_header():
     """In-network on the star: one 314-byte frame per 64 values each way, plus flushes and
     the exponent exchange over TCP."""
     star = Topology.parse("star:4")
-    elements = 256 * VALUES_PER_PACKET
+    elements = 256 * DEFAULT_WIRE.lanes
     prediction = cost_model.predict(make_schedule(star, IN_NETWORK), elements, 1e6)
     frames = 256 * 314
     exponents = 3 * (256 + 16)
     assert frames + exponents < prediction.max_up < frames + 1.1 * exponents + 200
     assert prediction.gst == pytest.approx(prediction.busiest * 8 / 1e6)
-    assert BLOCK_VALUES == VALUES_PER_PACKET
-    assert FRAME_WIRE_BYTES == 314 == PAYLOAD_BYTES + 8 + 20 + 14
+    assert FRAME_WIRE_BYTES == 314 == DEFAULT_WIRE.payload_bytes + 8 + 20 + 14
+
+
+def test_wide_packets_carry_more_of_the_gradient_per_wire_byte():
+    """At 2,208 lanes the same gradient takes 1/34.5 of the frames, and the in-network
+    star's bytes per NIC fall from 314/256 to 8890/8832 of the payload (plus exponents)."""
+    star = Topology.parse("star:4")
+    wide = wire(2208)
+    elements = 64 * wide.lanes
+    narrow_p = cost_model.predict(make_schedule(star, IN_NETWORK), elements, 1e9)
+    wide_p = cost_model.predict(make_schedule(star, IN_NETWORK), elements, 1e9, wire=wide)
+    assert wide.frame_bytes == 8890 and wide.blocks == 69
+    assert 64 * 8890 < wide_p.max_up < narrow_p.max_up
+    assert cost_model.payload_share(wide) > 0.99 > 0.82 > cost_model.payload_share()
 
 
 def test_a_nics_channels_share_one_budget_of_frames_in_flight():
@@ -279,8 +293,9 @@ def test_a_broken_group_runs_its_level_in_the_hosts_and_nothing_else_changes(spe
             assert nic.up.stream_overhead == nic.down.stream_overhead == 0
     for lvl in range(topo.k):  # every byte up into a level's switches comes down again
         nics = [traffic(layout, s)[lvl] for s in range(topo.num_servers)]
-        assert (sum(n.up.stream + n.up.stream_overhead for n in nics)
-                == sum(n.down.stream + n.down.stream_overhead for n in nics))
+        assert (sum(n.up.stream_blocks for n in nics) == sum(n.down.stream_blocks for n in nics))
+        assert (sum(n.up.stream_overhead for n in nics)
+                == sum(n.down.stream_overhead for n in nics))
     assert schedule.code != healthy.code
     assert cost_model.predict(schedule, 1 << 20, 10e6).gst > \
         cost_model.predict(healthy, 1 << 20, 10e6).gst

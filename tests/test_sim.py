@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from bml.protocol import WIDEST_LANES
 from simulation.world import Fault, Scenario, run_seed, run_trial
 
 # 510 seeded trials in CI, spread over the sizes the emulation also runs.
 SOAK = [("bcube:2,2", 200), ("star:4", 150), ("bcube:3,2", 100), ("bcube:2,3", 60)]
+WIDE_FLOATS = 40 * WIDEST_LANES  # 40 packets per server at the widest build
 
 
 @pytest.mark.parametrize(("topo", "seeds"), SOAK)
@@ -22,6 +24,17 @@ def test_seeded_faults_never_give_a_wrong_sum_a_hang_or_an_unusable_job(topo, se
     failures = []
     for seed in range(seeds):
         verdict = run_seed(seed, topo)
+        if not verdict.ok:
+            failures.append(f"{verdict.scenario.command()}: {verdict.problems[0][:400]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_seeded_faults_at_the_widest_build_too():
+    """The same trials with every switch on the widest build (2,208 values per packet)."""
+    failures = []
+    for seed in range(40):
+        verdict = run_seed(seed, "bcube:3,2" if seed % 2 else "bcube:2,2", floats=WIDE_FLOATS,
+                           lanes=WIDEST_LANES)
         if not verdict.ok:
             failures.append(f"{verdict.scenario.command()}: {verdict.problems[0][:400]}")
     assert not failures, "\n".join(failures)

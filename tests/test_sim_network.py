@@ -8,9 +8,9 @@ import random
 import pytest
 
 from bml.protocol import (
+    DEFAULT_WIRE,
     EXPONENT_BIAS,
     HEADER_BYTES,
-    VALUES_STRUCT,
     DropReason,
     PacketType,
     Stat,
@@ -47,7 +47,7 @@ class Hosts:
         self.got: list[tuple[float, int, int, tuple, tuple]] = []
 
     def deliver(self, server: int, level: int, payload: bytes) -> None:
-        values = VALUES_STRUCT.unpack_from(payload, HEADER_BYTES) \
+        values = DEFAULT_WIRE.values_struct.unpack_from(payload, HEADER_BYTES) \
             if len(payload) > HEADER_BYTES else ()
         self.got.append((self.clock.now, server, level, unpack_header(payload), values))
 
@@ -65,8 +65,8 @@ def network(shape: LinkShape | None = None, seed: int = 1, topology: Topology = 
 def data(job: int, worker: int, values, slot: int = 0, owner: int = 0, exponent: int = 3,
          offset: int = 0) -> bytes:
     return pack_header(PacketType.DATA, job, worker, slot, owner_id=owner,
-                       exponent=EXPONENT_BIAS + exponent, count=64, offset=offset,
-                       generation=1) + VALUES_STRUCT.pack(*values)
+                       exponent=EXPONENT_BIAS + exponent, count=DEFAULT_WIRE.blocks,
+                       offset=offset, generation=1) + DEFAULT_WIRE.values_struct.pack(*values)
 
 
 def one_worker_job(net: Network, server: int = 0, slots: int = 512) -> int:

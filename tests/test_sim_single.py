@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bml.protocol import WIDEST_LANES
 from hosts.quantize import check_sum
 from simulation.single import OneNicRun
 
@@ -16,10 +17,10 @@ def grads(workers: int = 4, floats: int = 20_000, seed: int = 0) -> list[np.ndar
     return [rng.standard_normal(floats).astype(np.float32) for _ in range(workers)]
 
 
-def assert_sums(outcome, gradients) -> None:
+def assert_sums(outcome, gradients, lanes: int = 64) -> None:
     assert outcome.errors == [None] * len(gradients), outcome.errors
     for result in outcome.results:
-        error, bound, ok = check_sum(result, gradients)
+        error, bound, ok = check_sum(result, gradients, lanes)
         assert ok, f"error {error} beyond bound {bound}"
 
 
@@ -93,3 +94,26 @@ def test_different_lengths_are_refused_and_the_next_call_works():
         assert error is not None and "gradient lengths differ" in error, outcome.errors
     g = grads(seed=8)
     assert_sums(run.call(g), g)
+
+
+@pytest.mark.parametrize("lanes", [256, WIDEST_LANES])
+def test_wide_packets_sum_right_under_loss(lanes):
+    """The same engine on a wide build: every chunk is one packet of ``lanes`` values."""
+    run = OneNicRun(4, rate=100e6, loss=0.05, seed=12, lanes=lanes)
+    g = grads(floats=50_000)
+    assert_sums(run.call(g), g, lanes)
+    g = grads(floats=50_000, seed=13)
+    assert_sums(run.call(g), g, lanes)
+
+
+def test_a_worker_of_another_width_is_told_so_at_once_and_the_right_width_then_works():
+    """The switch's first answer (to the header-only GENERATION question) carries its
+    blocks per packet: a worker sending 64 lanes to a 256-lane build fails at once with
+    both widths named, instead of waiting out its timeout on dropped frames."""
+    g = grads()
+    outcome = OneNicRun(4, rate=50e6, seed=14, lanes=256, host_lanes=64).call(g, limit=30.0)
+    for error, ended in zip(outcome.errors, outcome.ended, strict=True):
+        assert error is not None and "aggregates 256 lanes per packet and this worker " \
+            "sends 64" in error, outcome.errors
+        assert ended < 0.5, outcome.ended
+    assert_sums(OneNicRun(4, rate=50e6, seed=14, lanes=256).call(g), g, 256)
