@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 sim-soak bench bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 sim-soak bench bench-speed bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -29,6 +29,11 @@ bench: setup
 	$(PY) -m benchmarks.bcube_schedules
 	$(PY) -m benchmarks.claims
 	$(PY) -m benchmarks.faults
+	$(PY) -m benchmarks.speed --bcube bcube:3,2
+
+bench-speed: setup  # against gloo on fast links, per lane width (star:4, bcube:3,2; ~12 min)
+	$(PY) -m pip install -q -e ".[torch]" || echo "bench-speed: torch is not installable here; no gloo rows"
+	$(PY) -m benchmarks.speed --bcube bcube:3,2
 
 bench-schedules: setup  # the three BCube schedules on all NICs of bcube:3,2 (~5 min)
 	$(PY) -m benchmarks.bcube_schedules
@@ -39,6 +44,7 @@ bench-claims: setup  # every scheme on the same links against the cost model (~1
 
 bench-faults: setup  # loss goodput, and each fault's detection and recovery (star:4, ~5 min)
 	$(PY) -m benchmarks.faults
+	$(PY) -m benchmarks.speed --bcube bcube:3,2
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
 	$(PY) -m train $(ARGS)

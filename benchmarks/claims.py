@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import Run, have_torch, parse_size, run_workers
+from benchmarks.common import Run, float_check, have_torch, parse_size, run_workers
 from bml import cost_model
 from bml.cost_model import PS, PS_DEDICATED, RING, SINGLE_SWITCH, WirePrediction
 from bml.protocol import ONE_NIC_WINDOW
@@ -74,13 +74,6 @@ def timed(state, scheme: str, workers: int, size: int, tmp: Path, extra: list[st
         total1, idle1 = cpu_times()
         return run, 1 - (idle1 - idle0) / max(1.0, total1 - total0), note
     raise AssertionError("unreachable")
-
-
-def float_check(result: np.ndarray, grads: list[np.ndarray]) -> bool:
-    """TCP baselines sum floats: within float32 rounding of the float64 sum."""
-    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    tolerance = 1e-6 * len(grads) * np.abs(np.stack(grads)).max(axis=0)
-    return bool(np.all(np.abs(result.astype(np.float64) - exact) <= tolerance + 1e-30))
 
 
 def quantised_check(result: np.ndarray, grads: list[np.ndarray]) -> bool:

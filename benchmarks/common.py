@@ -35,6 +35,13 @@ def gradients(workers: int, size: int) -> list[np.ndarray]:
     return [gradient(size, rank) for rank in range(workers)]
 
 
+def float_check(result: np.ndarray, grads: list[np.ndarray]) -> bool:
+    """TCP baselines sum floats: within float32 rounding of the float64 sum."""
+    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+    tolerance = 1e-6 * len(grads) * np.abs(np.stack(grads)).max(axis=0)
+    return bool(np.all(np.abs(result.astype(np.float64) - exact) <= tolerance + 1e-30))
+
+
 def have_torch() -> bool:
     return subprocess.run([sys.executable, "-c", "import torch.distributed"],
                           capture_output=True).returncode == 0

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on each call (s)")
     parser.add_argument("--servers", type=int)
     parser.add_argument("--master")
+    parser.add_argument("--lanes", type=int, help="bml: values per packet (the switches' build)")
     parser.add_argument("--interface", help="bml: this one NIC and its switch (a job on one "
                         "level, hosts/transport.py)")
     args = parser.parse_args(argv)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         scheme = Worker(job=args.job, rank=args.rank, world=args.world,
                         interface=args.interface, window=args.window, timeout=args.timeout,
                         start_timeout=60,
-                        schedule=args.schedule)
+                        schedule=args.schedule, lanes=args.lanes)
     elif args.scheme == "ps":
         from baselines.ps import ParameterServer
 
@@ -97,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             scheme.barrier()
         before, packets_before = nic_counters(names), packet_counters(names)
         retrans = tcp_retransmissions()
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         total = call(grad, args.size)
         seconds = time.monotonic() - started
+        cpu_seconds = time.process_time() - cpu_started
         if hasattr(scheme, "drain"):  # PS: its last sends may still be leaving
             scheme.drain()
         after, packets_after = nic_counters(names), packet_counters(names)
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         scheme.close()
     if total is not None:
         np.save(args.out, total)
-    print(json.dumps({"rank": args.rank, "seconds": seconds, **stats,
+    print(json.dumps({"rank": args.rank, "seconds": seconds, "cpu_seconds": cpu_seconds,
+                      **stats,
                       "nics": {name: [a[0] - b[0], a[1] - b[1]]
                                for name, b, a in zip(names, before, after, strict=True)},
                       "packets": {name: [a[0] - b[0], a[1] - b[1]] for name, b, a
