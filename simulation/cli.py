@@ -3,6 +3,7 @@
     bml-sim run --seed 17 --topo bcube:3,2          one trial, replayable; exit 1 if it fails
     bml-sim soak --seeds 20000                      many trials over several topologies
     bml-sim loss --floats 500K --rate 20e6          goodput under 0/1/5/10% loss, star:4
+    bml-sim gst --topo bcube:3,2 --floats 1M        every schedule's GST beside the cost model
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import Counter
 from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from bml.schedule import SCHEDULES
 from control_plane.cli import parse_size
-from simulation.world import FAULT_KINDS, Verdict, lossy_gst, run_seed
+from simulation.world import FAULT_KINDS, Verdict, lossy_gst, run_seed, simulated_gst
 
 SOAK_TOPOLOGIES = ("bcube:2,2", "star:4", "bcube:3,2", "bcube:2,3", "bcube:4,2", "bcube:3,3")
 
@@ -113,7 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     soak_parser.add_argument("--start", type=int, default=0)
     soak_parser.add_argument("--topos", default=",".join(SOAK_TOPOLOGIES[:4]),
                              help="topologies to spread the trials over")
+    gst = commands.add_parser("gst")
+    gst.add_argument("--topo", default="bcube:2,2")
+    gst.add_argument("--schedule", choices=SCHEDULES, action="append",
+                     help="one schedule (again for more); default: every one the topology has")
+    gst.add_argument("--floats", type=parse_size, default=1 << 20)
+    gst.add_argument("--rate", type=float, default=100e6)
+    gst.add_argument("--lanes", type=int, default=DEFAULT_LANES, choices=BUILT_LANES)
     args = parser.parse_args(argv)
+    if args.command == "gst":
+        schedules = args.schedule or [s for s in SCHEDULES
+                                      if s != "mixed" or args.topo.startswith("bcube")]
+        return gst_table(args.topo, schedules, args.floats, args.rate, args.lanes)
     if args.command == "loss":
         return loss_table(args.topo, args.floats, args.rate, args.reorder)
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -128,6 +140,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if verdict.ok else 1
     return soak(args.seeds, args.start, _topologies(args.topos), args.floats, args.rate,
                 args.loss, kinds, lanes=args.lanes)
+
+
+def gst_table(topo: str, schedules: list[str], floats: int, rate: float, lanes: int) -> int:
+    """Each schedule's simulated GST and busiest NIC's bytes beside the cost model's."""
+    print(f"{topo}, {floats} floats per server, {rate / 1e6:g} Mbit/s links, {lanes} values "
+          "per packet; virtual time, the real engine and pipeline")
+    print(f"{'schedule':<11} {'GST s':>9} {'model s':>9} {'GST/model':>9} {'up/NIC':>12} "
+          f"{'model up':>12} {'down/NIC':>12} {'model down':>12} {'wall s':>7} sums")
+    right = True
+    for schedule in schedules:
+        started = time.monotonic()
+        run = simulated_gst(topo, schedule, floats, rate, lanes)
+        up, down = run.busiest
+        model = run.prediction
+        right &= run.correct
+        print(f"{schedule:<11} {run.gst:>9.4f} {model.gst:>9.4f} {run.gst / model.gst:>9.3f} "
+              f"{up:>12,} {model.max_up:>12,.0f} {down:>12,} {model.max_down:>12,.0f} "
+              f"{time.monotonic() - started:>7.1f} {'right' if run.correct else 'WRONG'}")
+    return 0 if right else 1
 
 
 def _topologies(text: str) -> list[str]:

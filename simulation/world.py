@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bml.cost_model import Prediction, predict
 from bml.protocol import DEFAULT_LANES, wire
 from bml.schedule import DEFAULT_WINDOW, SCHEDULES, make_schedule
 from bml.topology import Topology
@@ -218,6 +219,52 @@ def lossy_gst(topo: str, schedule: str, floats: int, rate: float, loss: float,
 
 def gradients(rng: np.random.Generator, servers: int, floats: int) -> list[np.ndarray]:
     return [rng.standard_normal(floats).astype(np.float32) * (1 + s) for s in range(servers)]
+
+
+@dataclass
+class GstRun:
+    """One fault-free call of every server, timed as the emulation's benchmarks time it (after
+    a warm-up call that also makes the mesh): its GST, whether every sum is right, and the
+    bytes each NIC put on its link each way (``[server][level] = (up, down)``, every header
+    counted), beside the cost model's prediction of both."""
+
+    scenario: Scenario
+    gst: float
+    correct: bool
+    nic_bytes: list[list[tuple[int, int]]]
+    prediction: Prediction
+
+    @property
+    def busiest(self) -> tuple[int, int]:
+        """(most bytes one NIC sent, most bytes one NIC received)."""
+        return (max(up for nics in self.nic_bytes for up, _ in nics),
+                max(down for nics in self.nic_bytes for _, down in nics))
+
+
+def simulated_gst(topo: str, schedule: str, floats: int, rate: float,
+                  lanes: int = DEFAULT_LANES, seed: int = 0) -> GstRun:
+    """The whole call of ``schedule`` on ``topo`` in virtual time, the real engine and switch
+    code on links of ``rate`` bits/s each way (the cost model's setting: no loss)."""
+    scenario = Scenario(topo, schedule, floats, rate, lanes=lanes, timeout=3600.0,
+                        start_timeout=60.0, window=DEFAULT_WINDOW, seed=seed)
+    world = World(scenario)
+    servers = world.topology.num_servers
+    world.call([np.ones(64, np.float32)] * servers, [], 600.0)  # warm-up: the mesh, a barrier
+    grads = gradients(np.random.default_rng(seed), servers, floats)
+    counters = world.network.counters
+    before = {key: direction.bytes for key, direction in counters.items()}
+    start = world.clock.now
+    world.call(grads, [], 3600.0)
+    outcomes = [w.outcome for w in world.workers.values()]
+    correct = all(o is not None and o.error is None
+                  and wrong_sum(o.result, grads, lanes) is None for o in outcomes)
+    gst = max((o.ended for o in outcomes if o is not None), default=start) - start
+    nic_bytes = [[(counters[(s, level, "up")].bytes - before[(s, level, "up")],
+                   counters[(s, level, "down")].bytes - before[(s, level, "down")])
+                  for level in range(world.topology.k)] for s in range(servers)]
+    prediction = predict(make_schedule(world.topology, schedule), floats, rate,
+                         wire=wire(lanes))
+    return GstRun(scenario, gst, correct, nic_bytes, prediction)
 
 
 def wrong_sum(result: np.ndarray | None, grads: list[np.ndarray],

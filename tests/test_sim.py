@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from bml.protocol import WIDEST_LANES
-from simulation.world import Fault, Scenario, run_seed, run_trial
+from simulation.world import Fault, Scenario, run_seed, run_trial, simulated_gst
 
 # 510 seeded trials in CI, spread over the sizes the emulation also runs.
 SOAK = [("bcube:2,2", 200), ("star:4", 150), ("bcube:3,2", 100), ("bcube:2,3", 60)]
@@ -89,3 +89,16 @@ def test_the_controller_dying_mid_call_changes_nothing():
 def test_frames_with_garbled_addresses_are_dropped_and_re_sent():
     verdict = run_trial(trial("star:4", "in-network", Fault("garbled", 0.0002, "h1:0")))
     assert verdict.ok and set(verdict.first_call.values()) == {"ok"}
+
+
+@pytest.mark.parametrize("schedule", ["in-network", "mixed", "host-based"])
+def test_simulated_gst_is_the_cost_models_on_the_links_it_prices(schedule):
+    """``bml-sim gst``: a whole fault-free call of every server in virtual time puts within
+    a few percent of the predicted bytes on the busiest NIC each way, and takes within 15%
+    of the predicted GST (the model prices wire bytes only: no pipeline fill, no turns)."""
+    run = simulated_gst("bcube:2,2", schedule, 200_000, 100e6)
+    assert run.correct
+    up, down = run.busiest
+    assert up == pytest.approx(run.prediction.max_up, rel=0.03)
+    assert down == pytest.approx(run.prediction.max_down, rel=0.03)
+    assert run.gst == pytest.approx(run.prediction.gst, rel=0.15)
