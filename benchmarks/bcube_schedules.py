@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import parse_size, run_workers
 from bml import cost_model
+from bml.protocol import BUILT_LANES, DEFAULT_LANES, wire
 from bml.schedule import DEFAULT_WINDOW, HOST_BASED, IN_NETWORK, MIXED, make_schedule
 from bml.topology import Topology
 from control_plane.fabric import Fabric
@@ -34,14 +35,16 @@ RESULTS = Path("results")
 SCHEDULES = (IN_NETWORK, HOST_BASED, MIXED)
 
 
-def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int) -> dict:
+def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int,
+            lanes: int = DEFAULT_LANES) -> dict:
     """One schedule: every worker at once; measured GST and NIC bytes beside the prediction."""
     topo = state.topo()
     workers = topo.num_servers
     run = run_workers(state, "bml", workers, size, tmp,
-                      ["--schedule", schedule, "--window", str(window)],
-                      check=lambda total, grads: check_sum(total, grads)[2])
-    prediction = cost_model.predict(make_schedule(topo, schedule), size, rate, window)
+                      ["--schedule", schedule, "--window", str(window), "--lanes", str(lanes)],
+                      check=lambda total, grads: check_sum(total, grads, lanes)[2])
+    prediction = cost_model.predict(make_schedule(topo, schedule), size, rate, window,
+                                    wire=wire(lanes))
     ratios = []  # measured / predicted, per server, NIC and direction
     for report in run.reports:
         server = report["rank"]
@@ -89,26 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                         help="slots per switch channel (the job's pool is made to fit)")
+    parser.add_argument("--lanes", type=int, default=DEFAULT_LANES, choices=BUILT_LANES,
+                        help="values per packet: the P4 build the switches run")
     parser.add_argument("--name", default="bsched")
     args = parser.parse_args(argv)
     rate = rate_bits(args.rate)
     topo = Topology.parse(args.topo)
     print(f"{args.topo}: {topo.num_servers} servers x {topo.k} NICs, links {args.rate} each "
           f"way, {args.size} float32 per server", flush=True)
-    for prediction in cost_model.plan(topo, args.size, rate):
+    for prediction in cost_model.plan(topo, args.size, rate, wire(args.lanes)):
         print(f"  predicted {prediction.schedule.name:>10}: GST {prediction.gst:7.2f} s, "
               f"busiest NIC up {prediction.max_up:,.0f} B, down {prediction.max_down:,.0f} B")
     rows = []
     # A SIGTERM (timeout, kill) unwinds through the finally below, so the namespaces go too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     net.down(args.name)
-    state = net.up(args.name, args.topo, "soft", Shaping(rate=args.rate))
+    state = net.up(args.name, args.topo, "soft", Shaping(rate=args.rate), lanes=args.lanes)
     try:
         fabric = Fabric.load(state.run_dir / "fabric.json")
         fabric.add_scheduled_job(1, pool_size=max(DEFAULT_WINDOW, args.window))
         with tempfile.TemporaryDirectory(prefix="bml-bsched-") as tmp:
             for schedule in args.schedules:
-                row = measure(state, schedule, args.size, rate, Path(tmp), args.window)
+                row = measure(state, schedule, args.size, rate, Path(tmp), args.window,
+                              args.lanes)
                 rows.append(row)
                 print(f"  measured  {schedule:>10}: GST {row['gst']:7.2f} s "
                       f"({row['gst'] / row['predicted_gst']:.2f} of predicted), NIC bytes "
