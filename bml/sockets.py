@@ -14,7 +14,6 @@ import socket
 import struct
 import sys
 import termios
-import threading
 from collections.abc import Callable, Iterator
 
 from bml.protocol import MTU
@@ -284,17 +283,6 @@ class BatchReceiver:
         start = index * self.control_space
         return parse_ancillary(self._control_view[start:start + self.control_space])
 
-    def control_data(self, index: int, level: int, kind: int) -> memoryview | None:
-        """The data of the last ``receive``'s frame ``index``'s first control message of
-        ``level`` and ``kind`` (e.g. SOL_PACKET, PACKET_AUXDATA), or None if it has none (a
-        view into the control ring)."""
-        for message_level, message_kind, at, end in _control_messages(
-                self._control_view, index * self.control_space,
-                (index + 1) * self.control_space):
-            if message_level == level and message_kind == kind:
-                return self._control_view[at:end]
-        return None
-
     def truncated(self, index: int) -> bool:
         """Whether the last ``receive``'s frame ``index`` was longer than a buffer (and cut)."""
         if _LIBC is None:
@@ -421,21 +409,3 @@ class BatchSender:
                 return sent, exc.errno or errno.EIO
             sent += 1
         return sent, 0
-
-
-_local = threading.local()
-
-
-def recv_batch(sock: socket.socket, receiver: BatchReceiver,
-               limit: int | None = None) -> list[memoryview]:
-    """``receiver.receive(sock, limit)``: the frames queued on ``sock``, one recvmmsg."""
-    return receiver.receive(sock, limit)
-
-
-def send_batch(sock: socket.socket, frames, address: tuple | None = None) -> tuple[int, int]:
-    """``BatchSender.send`` with this thread's own default sender: (frames that went, errno
-    that stopped the rest or 0)."""
-    sender = getattr(_local, "sender", None)
-    if sender is None:
-        sender = _local.sender = BatchSender()
-    return sender.send(sock, frames, address)

@@ -47,12 +47,6 @@ def ipv4_checksum(header: bytes | bytearray) -> int:
     return ~total & 0xFFFF
 
 
-def full_end(wire: Wire) -> int:
-    """Where a full packet of ``wire``'s width ends: every block hdr.b00 .. extracted
-    (FRAME_BYTES in defines.p4)."""
-    return wire.frame_bytes
-
-
 def full_lengths(wire: Wire) -> tuple[int, int]:
     """IPV4_LEN_FULL and UDP_LEN_FULL at ``wire``'s width."""
     return IP + UDP + wire.payload_bytes, UDP + wire.payload_bytes

@@ -15,7 +15,7 @@ import pytest
 
 from bml import sockets
 from bml.protocol import MTU
-from bml.sockets import QUEUE_FULL, BatchReceiver, BatchSender, recv_batch, send_batch
+from bml.sockets import QUEUE_FULL, BatchReceiver, BatchSender
 from emulation.testbed import have_netns
 from soft_target.switch import (
     _AUXDATA_SPACE,
@@ -67,7 +67,7 @@ def test_udp_round_trip_in_batches(mode, udp_pair):
     a, b = udp_pair
     frames = [bytes([i]) * (1 + 37 * i) for i in range(150)]
     frames += [bytearray(b"a bytearray"), memoryview(b"a memoryview"), bytes(MTU - 28)]
-    assert send_batch(a, frames, b.getsockname()) == (len(frames), 0)
+    assert BatchSender().send(a, frames, b.getsockname()) == (len(frames), 0)
     receiver = BatchReceiver(count=32, size=MTU)
     batches = receive_all(receiver, b)
     assert [f for batch in batches for f in batch] == [bytes(f) for f in frames]
@@ -80,7 +80,7 @@ def test_views_are_the_ring_and_limit(mode, udp_pair):
     sender = BatchSender(count=4)  # 10 frames: three sendmmsg calls
     assert sender.send(a, [bytes([i]) * 10 for i in range(10)], b.getsockname()) == (10, 0)
     receiver = BatchReceiver(count=8, size=64)
-    views = recv_batch(b, receiver, limit=3)
+    views = receiver.receive(b, limit=3)
     assert [bytes(v) for v in views] == [bytes([i]) * 10 for i in range(3)]
     assert views[0].obj is receiver.buffer  # no copy: a view into the receiver's ring
     assert not receiver.truncated(0)
@@ -89,7 +89,7 @@ def test_views_are_the_ring_and_limit(mode, udp_pair):
 
 def test_truncated_frame(mode, udp_pair):
     a, b = udp_pair
-    send_batch(a, [bytes(100)], b.getsockname())
+    BatchSender().send(a, [bytes(100)], b.getsockname())
     receiver = BatchReceiver(count=2, size=64)
     assert [len(v) for v in receiver.receive(b)] == [64]
     assert receiver.truncated(0)
@@ -98,7 +98,7 @@ def test_truncated_frame(mode, udp_pair):
 def test_ancillary_data_per_frame(mode, udp_pair):
     a, b = udp_pair
     b.setsockopt(socket.SOL_IP, IP_PKTINFO, 1)
-    send_batch(a, [b"one", b"two", b"three"], b.getsockname())
+    BatchSender().send(a, [b"one", b"two", b"three"], b.getsockname())
     receiver = BatchReceiver(count=8, size=64, control=socket.CMSG_SPACE(12))
     assert len(receiver.receive(b)) == 3
     index = struct.pack("=i", socket.if_nametoindex("lo"))
@@ -114,12 +114,12 @@ def test_parse_ancillary_matches_recvmsg(udp_pair):
     a, b = udp_pair
     b.setsockopt(socket.SOL_IP, IP_PKTINFO, 1)
     b.setsockopt(socket.SOL_IP, socket.IP_RECVTOS, 1)
-    send_batch(a, [b"x"], b.getsockname())
+    BatchSender().send(a, [b"x"], b.getsockname())
     space = socket.CMSG_SPACE(12) + socket.CMSG_SPACE(1)
     receiver = BatchReceiver(count=1, size=64, control=space)
     assert len(receiver.receive(b)) == 1
     batched = receiver.ancillary(0) if sockets.BATCHED else None
-    send_batch(a, [b"x"], b.getsockname())
+    BatchSender().send(a, [b"x"], b.getsockname())
     b.setblocking(True)
     _data, reference, _flags, _address = b.recvmsg(64, space)
     assert len(reference) == 2
@@ -134,7 +134,7 @@ def test_queue_full_and_refusal(mode):
     try:
         a.setblocking(False)
         frames = [bytes([i % 256]) * 1000 for i in range(5000)]
-        sent, err = send_batch(a, frames)
+        sent, err = BatchSender().send(a, frames)
         assert 0 < sent < len(frames)
         assert err in QUEUE_FULL
         received = [bytes(v) for v in BatchReceiver(count=8, size=2048).receive(b)]
@@ -145,7 +145,7 @@ def test_queue_full_and_refusal(mode):
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         udp.setblocking(False)
-        assert send_batch(udp, [b"x", b"y"], ("127.0.0.1", 0)) == (0, errno.EINVAL)
+        assert BatchSender().send(udp, [b"x", b"y"], ("127.0.0.1", 0)) == (0, errno.EINVAL)
     finally:
         udp.close()
 
@@ -194,7 +194,7 @@ def test_veth_af_packet_batches_with_vlan_tags(mode):
                 else:
                     frames.append(macs + struct.pack("!H", 0x88B5) + bytes([i]) * (46 + 89 * i))
             frames.append(macs + struct.pack("!H", 0x88B5) + bytes(MTU))  # the largest
-            assert send_batch(out, frames) == (len(frames), 0)
+            assert BatchSender().send(out, frames) == (len(frames), 0)
             receiver = BatchReceiver(count=16, control=_AUXDATA_SPACE)
             got = []
             for _ in range(200):
