@@ -48,7 +48,6 @@ from soft_target.parser import (
     UDP,
     UDP_LEN_HEADER_ONLY,
     VALUES_OFF,
-    full_end,
     full_lengths,
     ipv4_checksum,
     is_bml,
@@ -60,7 +59,7 @@ from soft_target.tables import SoftTable
 __all__ = [
     "BML_OFF", "ETH", "HEADER_END", "IP", "IPV4_LEN_HEADER_ONLY", "JOB_IDS", "POOL_COPIES",
     "TABLES", "UDP", "UDP_LEN_HEADER_ONLY", "VALUES_OFF", "HostAddress", "JobConfig",
-    "Pipeline", "Tables", "full_end", "full_lengths", "ipv4_checksum",
+    "Pipeline", "Tables", "full_lengths", "ipv4_checksum",
 ]
 
 # Every P4 table the software target serves, by P4 name: each control module declares its own.
