@@ -406,6 +406,13 @@ def stream_budgets(schedule: Schedule, server: int) -> list[int]:
             for channels, _streaming in _nic_use(schedule, server)]
 
 
+def connection_limit(budget: int, n: int) -> int:
+    """Bytes one mesh connection keeps unacknowledged: its NIC's ``budget``
+    (``stream_budgets``) split among the level's n - 1 neighbours, who all send to the NIC
+    at once (at least one whole segment)."""
+    return max(9000, budget // max(1, n - 1))
+
+
 def flushes(channel_blocks: int, window: int) -> int:
     """Zero 'flush' uses a switch channel of ``channel_blocks`` adds (see channel_window)."""
     if channel_blocks <= 0:

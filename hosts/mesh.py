@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from bml.protocol import mesh_tcp_port
+from bml.schedule import connection_limit
 from bml.sockets import QUEUE_BUDGET, read_available, unacked_bytes
 from bml.topology import Topology
 
@@ -345,7 +346,7 @@ class Mesh:
         # Each NIC receives from its n - 1 neighbours on that level at once: pace every
         # connection to its share of the link's queue (``budgets``).
         budget = self.budgets[self.detours.get(dim, dim)]  # the NIC it goes through
-        limit = max(9000, budget // max(1, self.topology.n - 1))
+        limit = connection_limit(budget, self.topology.n)
         self.peers[(dim, other)] = Peer(other, dim, sock, limit=limit)
 
     @staticmethod

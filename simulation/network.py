@@ -236,11 +236,12 @@ class _Connection:
     """One TCP connection along fixed hops: segments in order, a window of bytes in flight."""
 
     __slots__ = ("ack_delay", "early", "expected", "in_flight", "messages", "min_rto",
-                 "next_seq", "path", "unacked", "waiting")
+                 "next_seq", "path", "unacked", "waiting", "window")
 
     def __init__(self, path: list[tuple[_Link, LinkDirection]], ack_delay: float,
-                 min_rto: float) -> None:
+                 min_rto: float, window: int) -> None:
         self.path, self.ack_delay, self.min_rto = path, ack_delay, min_rto
+        self.window = window
         self.next_seq = self.expected = self.in_flight = self.unacked = 0
         self.early: set[int] = set()  # sequence numbers arrived ahead of a missing one
         self.messages: deque[tuple[int, Callable[[], None]]] = deque()  # (last seq, callback)
@@ -407,12 +408,13 @@ class Network:
                 (dst, m)]
 
     def send_stream(self, hops: list[tuple[int, int]], size: int,
-                    on_arrival: Callable[[], None], min_rto: float = MIN_RTO) -> None:
+                    on_arrival: Callable[[], None], min_rto: float = MIN_RTO,
+                    window: int | None = None) -> None:
         """A message of ``size`` bytes on the TCP connection along ``hops`` (pairs of links
         through a switch; a relay server forwards from one pair to the next, in no time).
 
         Cut into segments of SEGMENT_PAYLOAD bytes (+ SEGMENT_HEADERS on the wire), sent while
-        the connection has under ``stream_window`` bytes unacknowledged (an ACK returns the
+        the connection has under ``window`` bytes unacknowledged (an ACK returns the
         path's propagation delay after its segment arrived; ACKs take no link time). Segments
         share every FIFO with frames but are never tail-dropped. A switch forwards them
         without its pipeline (the l2 path, which the packet tests cover), but only alive and
@@ -420,10 +422,13 @@ class Network:
         max(``min_rto``, 4 x the path's queueing); one that meets a down link or a switch that
         cannot forward is re-sent after ``min_rto``, doubling to MAX_BACKOFF, until the path
         is back. ``min_rto``: the connection's least retransmission timeout, as its sockets
-        set it (fixed when the connection is made). ``on_arrival`` runs when the message's
-        last segment is in, in order."""
+        set it, and ``window``: the bytes the sender keeps unacknowledged on it, as it paces
+        the connection (``hosts.mesh``; default ``stream_window``); both are fixed when the
+        connection is made. ``on_arrival`` runs when the message's last segment is in, in
+        order."""
         key = tuple(hops)
-        connection = self._connections.get(key) or self._connect(key, min_rto)
+        connection = self._connections.get(key) or self._connect(
+            key, min_rto, self.stream_window if window is None else window)
         count = max(1, -(-size // SEGMENT_PAYLOAD))
         for index in range(count):
             segment_size = min(SEGMENT_PAYLOAD, size - index * SEGMENT_PAYLOAD)
@@ -451,7 +456,8 @@ class Network:
         connection = self._connections.get(tuple(hops))
         return connection.unacked if connection else 0
 
-    def _connect(self, hops: tuple[tuple[int, int], ...], min_rto: float) -> _Connection:
+    def _connect(self, hops: tuple[tuple[int, int], ...], min_rto: float,
+                 window: int) -> _Connection:
         if len(hops) < 2 or len(hops) % 2:
             raise ValueError(f"stream hops {hops}: pairs of links through a switch expected")
         k = self.topology.k
@@ -465,13 +471,13 @@ class Network:
                                  "relay server's links")
         path = [(link, link.down if i % 2 else link.up) for i, link in enumerate(links)]
         connection = self._connections[hops] = _Connection(path, len(path) * self.shape.delay,
-                                                           min_rto)
+                                                           min_rto, window)
         return connection
 
     def _pump(self, connection: _Connection) -> None:
         waiting = connection.waiting
         while waiting and (connection.in_flight == 0
-                           or connection.in_flight + waiting[0].size <= self.stream_window):
+                           or connection.in_flight + waiting[0].size <= connection.window):
             segment = waiting.popleft()
             connection.in_flight += segment.size
             self._enter(connection, segment, 0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bml.protocol import job_udp_port
-from bml.schedule import mesh_is_control_only
+from bml.schedule import connection_limit, mesh_is_control_only, stream_budgets
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
@@ -165,11 +165,16 @@ class SimWorker:
         other = self.world.workers[home]
         # As hosts.mesh sets its sockets: a short least timeout where the mesh carries only
         # the calls' control messages.
+        schedule, server = self.plan.schedule, self.plan.server
         min_rto = (CONTROL_RTO_MIN_US / 1e6
-                   if mesh_is_control_only(self.plan.schedule, self.plan.server) else MIN_RTO)
+                   if mesh_is_control_only(schedule, server) else MIN_RTO)
+        # ... and paced as it paces them: the NIC's stream budget split among its neighbours.
+        dim = self.wanted()[home][0] if home in self.wanted() else 0
+        nic = self.plan.detours().get(dim, dim)
+        window = connection_limit(stream_budgets(schedule, server)[nic], self.plan.topology.n)
         self.network.send_stream(self.routes[home], max(len(message), 1),
                                  lambda: other._arrived(self.home, message, connection, closing),
-                                 min_rto)
+                                 min_rto, window)
 
     def _arrived(self, sender: int, message: bytes, connection: tuple[int, ...],
                  closing: bool) -> None:

@@ -102,3 +102,15 @@ def test_simulated_gst_is_the_cost_models_on_the_links_it_prices(schedule):
     assert up == pytest.approx(run.prediction.max_up, rel=0.03)
     assert down == pytest.approx(run.prediction.max_down, rel=0.03)
     assert run.gst == pytest.approx(run.prediction.gst, rel=0.15)
+
+
+def test_streams_are_paced_as_the_mesh_paces_them_so_a_slow_link_drops_no_frame():
+    """On slow links the mixed schedule's NICs carry the mesh's streams and the aggregation
+    frames in one queue. The simulated connections keep as much unacknowledged as
+    ``hosts.mesh`` lets its sockets keep (``connection_limit``): the queue never overflows,
+    so no frame is dropped and re-sent, and the bytes are the model's."""
+    run = simulated_gst("bcube:3,2", "mixed", 256 * 1024, 2e6)
+    assert run.correct
+    up, down = run.busiest
+    assert up == pytest.approx(run.prediction.max_up, rel=0.005)
+    assert down == pytest.approx(run.prediction.max_down, rel=0.005)
