@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 TARGET ?= soft
 
-.PHONY: setup build run test test-e2e test-bmv2 sim-soak bench bench-speed bench-schedules bench-claims bench-faults train lint docker-build docker-run docker-test clean
+.PHONY: setup build run test test-e2e test-bmv2 sim-soak bench bench-speed bench-schedules bench-claims bench-faults bench-sim bench-scale train lint docker-build docker-run docker-test clean
 
 setup:
 	@bash tools/setup.sh
@@ -44,7 +44,12 @@ bench-claims: setup  # every scheme on the same links against the cost model (~1
 
 bench-faults: setup  # loss goodput, and each fault's detection and recovery (star:4, ~5 min)
 	$(PY) -m benchmarks.faults
-	$(PY) -m benchmarks.speed --bcube bcube:3,2
+
+bench-sim: setup  # the simulator against the emulation on the same 2 Mbit/s links (~9 min)
+	$(PY) -m benchmarks.sim_validation
+
+bench-scale: setup  # BCubes of 16 to 256 servers in virtual time, beside the model (~25 min)
+	$(PY) -m benchmarks.scale
 
 train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcube:3,2'
 	$(PY) -m train $(ARGS)

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import sys
 import time
 from collections import Counter
@@ -121,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     gst.add_argument("--floats", type=parse_size, default=1 << 20)
     gst.add_argument("--rate", type=float, default=100e6)
     gst.add_argument("--lanes", type=int, default=DEFAULT_LANES, choices=BUILT_LANES)
+    gst.add_argument("--json", action="store_true",
+                     help="one JSON object per schedule, with this process's peak memory")
     args = parser.parse_args(argv)
     if args.command == "gst":
         schedules = args.schedule or [s for s in SCHEDULES
                                       if s != "mixed" or args.topo.startswith("bcube")]
-        return gst_table(args.topo, schedules, args.floats, args.rate, args.lanes)
+        return gst_table(args.topo, schedules, args.floats, args.rate, args.lanes, args.json)
     if args.command == "loss":
         return loss_table(args.topo, args.floats, args.rate, args.reorder)
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -142,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                 args.loss, kinds, lanes=args.lanes)
 
 
-def gst_table(topo: str, schedules: list[str], floats: int, rate: float, lanes: int) -> int:
+def gst_table(topo: str, schedules: list[str], floats: int, rate: float, lanes: int,
+              as_json: bool = False) -> int:
     """Each schedule's simulated GST and busiest NIC's bytes beside the cost model's."""
-    print(f"{topo}, {floats} floats per server, {rate / 1e6:g} Mbit/s links, {lanes} values "
-          "per packet; virtual time, the real engine and pipeline")
-    print(f"{'schedule':<11} {'GST s':>9} {'model s':>9} {'GST/model':>9} {'up/NIC':>12} "
-          f"{'model up':>12} {'down/NIC':>12} {'model down':>12} {'wall s':>7} sums")
+    if not as_json:
+        print(f"{topo}, {floats} floats per server, {rate / 1e6:g} Mbit/s links, {lanes} "
+              "values per packet; virtual time, the real engine and pipeline")
+        print(f"{'schedule':<11} {'GST s':>9} {'model s':>9} {'GST/model':>9} {'up/NIC':>12} "
+              f"{'model up':>12} {'down/NIC':>12} {'model down':>12} {'wall s':>7} sums")
     right = True
     for schedule in schedules:
         started = time.monotonic()
@@ -155,6 +161,15 @@ def gst_table(topo: str, schedules: list[str], floats: int, rate: float, lanes: 
         up, down = run.busiest
         model = run.prediction
         right &= run.correct
+        if as_json:
+            print(json.dumps({
+                "topo": topo, "schedule": schedule, "floats": floats, "rate": rate,
+                "lanes": lanes, "gst": run.gst, "model_gst": model.gst, "max_up": up,
+                "max_down": down, "model_up": model.max_up, "model_down": model.max_down,
+                "correct": run.correct, "wall_s": time.monotonic() - started,
+                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+                flush=True)
+            continue
         print(f"{schedule:<11} {run.gst:>9.4f} {model.gst:>9.4f} {run.gst / model.gst:>9.3f} "
               f"{up:>12,} {model.max_up:>12,.0f} {down:>12,} {model.max_down:>12,.0f} "
               f"{time.monotonic() - started:>7.1f} {'right' if run.correct else 'WRONG'}")

@@ -9,9 +9,12 @@ replays it (``bml-sim run --seed ...``). ``make sim-soak`` runs 20,000 trials.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bml.protocol import WIDEST_LANES
+from simulation import cli as sim_cli
 from simulation.world import Fault, Scenario, run_seed, run_trial, simulated_gst
 
 # 510 seeded trials in CI, spread over the sizes the emulation also runs.
@@ -114,3 +117,14 @@ def test_streams_are_paced_as_the_mesh_paces_them_so_a_slow_link_drops_no_frame(
     up, down = run.busiest
     assert up == pytest.approx(run.prediction.max_up, rel=0.005)
     assert down == pytest.approx(run.prediction.max_down, rel=0.005)
+
+
+def test_bml_sim_gst_prints_one_json_row_per_schedule_for_the_scale_benchmark(capsys):
+    """``bml-sim gst --json``: what ``benchmarks/scale.py`` reads from each process."""
+    assert sim_cli.main(["gst", "--topo", "bcube:2,2", "--floats", "8K", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["schedule"] for row in rows] == ["in-network", "host-based", "mixed"]
+    for row in rows:
+        assert row["correct"] and row["gst"] > 0 and row["model_gst"] > 0
+        assert row["max_up"] == pytest.approx(row["model_up"], rel=0.05)
+        assert row["peak_mb"] > 0

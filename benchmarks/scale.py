@@ -1,0 +1,145 @@
+"""Benchmark: BCube at scale in virtual time, beside the cost model and the baselines.
+
+For each BCube(n, k) every schedule's whole call at ``--floats`` values per server runs in
+virtual time (``bml-sim gst``: the real engine and pipeline code), each in a process of its
+own so that its wall time and peak memory are its own. Beside it: the cost model's GST, and
+the model's GST of a sharded PS, of gloo's ring and of one switch per rack (SwitchML-style,
+one NIC per server) on a Fat-Tree of ``n``-port switches for the same servers; the BCube's
+switches over the Fat-Tree's, and each schedule's GST over PS's (the seed claims k/5 and
+1/k). Nothing is sampled: the simulator's cost is about N x F / lanes frames (see
+docs/RESULTS.md for what that allows on this machine). Written to results/scale.{md,json,png}.
+
+    python -m benchmarks.scale [--sizes bcube:4,2 bcube:8,2] [--floats 256K] [--rate 100e6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import parse_size
+from bml import cost_model
+from bml.protocol import DEFAULT_LANES
+from bml.schedule import MIXED, SCHEDULES
+from bml.topology import Topology
+
+RESULTS = Path("results")
+SIZES = ("bcube:4,2", "bcube:3,3", "bcube:8,2", "bcube:4,3", "bcube:6,3", "bcube:16,2")
+MODEL_GAP = 0.10  # simulator and model further apart than this: the table says why
+
+
+def simulate(topo: str, schedule: str, floats: int, rate: float) -> dict:
+    """One ``bml-sim gst`` row in a process of its own, with its wall time and peak RSS."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "simulation.cli", "gst", "--topo", topo, "--schedule",
+         schedule, "--floats", str(floats), "--rate", str(rate), "--json"],
+        stdout=subprocess.PIPE, text=True)
+    out = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    row = json.loads(out.strip().splitlines()[-1])
+    row["peak_mb"] = usage.ru_maxrss / 1024
+    return row
+
+
+def baselines(topology: Topology, floats: int, rate: float) -> dict:
+    """The model's GST of the baselines for the same servers, and the Fat-Tree's switches."""
+    servers = topology.num_servers
+    tree = cost_model.fat_tree(servers, topology.n)
+    return {"ps": cost_model.predict_ps(floats, servers, rate).gst,
+            "ring": cost_model.predict_ring(floats, servers, rate).gst,
+            "rack": cost_model.predict_single_switch(floats, servers, rate).gst,
+            "fat_tree_switches": tree[1] if tree else None,
+            "bcube_switches": cost_model.bcube_switches(topology.n, topology.k)}
+
+
+def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
+    lines = ["| BCube | N | schedule | sim GST s | model GST s | sim / model | PS s | ring s | "
+             "switch per rack s | BML / PS | 1/k | switches BCube / Fat-Tree | k/5 | "
+             "wall s | peak MB | sums |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+             "---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        topology = Topology.parse(r["topo"])
+        b = base[r["topo"]]
+        switches = (f"{b['bcube_switches']} / {b['fat_tree_switches']} = "
+                    f"{b['bcube_switches'] / b['fat_tree_switches']:.2f}"
+                    if b["fat_tree_switches"] else f"{b['bcube_switches']} / none")
+        lines.append(
+            f"| {r['topo']} | {topology.num_servers} | {r['schedule']} | {r['gst']:.4f} | "
+            f"{r['model_gst']:.4f} | {r['gst'] / r['model_gst']:.3f} | {b['ps']:.4f} | "
+            f"{b['ring']:.4f} | {b['rack']:.4f} | {r['gst'] / b['ps']:.3f} | "
+            f"{1 / topology.k:.3f} | {switches} | {topology.k / 5:.2f} | "
+            f"{r['wall_s']:.0f} | {r['peak_mb']:.0f} | "
+            f"{'right' if r['correct'] else 'WRONG'} |")
+    return lines
+
+
+def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k in sorted({Topology.parse(r["topo"]).k for r in rows}):
+        for schedule in SCHEDULES:
+            mine = [r for r in rows if r["schedule"] == schedule
+                    and Topology.parse(r["topo"]).k == k]
+            if not mine:
+                continue
+            xs = [Topology.parse(r["topo"]).num_servers for r in mine]
+            ax.plot(xs, [r["gst"] / base[r["topo"]]["ps"] for r in mine], marker="o",
+                    label=f"k={k} {schedule} (simulated)")
+            ax.plot(xs, [r["model_gst"] / base[r["topo"]]["ps"] for r in mine], ls=":",
+                    color=ax.lines[-1].get_color())
+        ax.axhline(1 / k, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("servers N")
+    ax.set_ylabel("GST / PS's GST on a Fat-Tree (model)")
+    ax.set_title("BML on BCube in virtual time (dotted: cost model; dashed: 1/k)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    parser.add_argument("--floats", type=parse_size, default=256 << 10)
+    parser.add_argument("--rate", type=float, default=100e6)
+    args = parser.parse_args(argv)
+    lines = [f"{args.floats} float32 per server, {args.rate / 1e6:g} Mbit/s links, "
+             f"{DEFAULT_LANES} values per packet; whole calls in virtual time", ""]
+    rows, base = [], {}
+    for topo in args.sizes:
+        topology = Topology.parse(topo)
+        base[topo] = baselines(topology, args.floats, args.rate)
+        for schedule in SCHEDULES:
+            if schedule == MIXED and topology.k < 2:
+                continue
+            row = simulate(topo, schedule, args.floats, args.rate)
+            rows.append(row)
+            print(f"{topo:>11} {schedule:>10}: {row['gst']:.4f} s (model {row['model_gst']:.4f})"
+                  f", {row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
+    lines += table(rows, base)
+    gaps = [r for r in rows if abs(r["gst"] / r["model_gst"] - 1) > MODEL_GAP]
+    if gaps:
+        lines.append(f"\n{len(gaps)} of {len(rows)} rows differ from the model by more than "
+                     f"{MODEL_GAP:.0%}.")
+    print("\n" + "\n".join(lines))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scale.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "scale.json").write_text(json.dumps({"rows": rows, "baselines": base},
+                                                   indent=1))
+    plot(rows, base, RESULTS / "scale.png")
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
