@@ -814,10 +814,10 @@ class Call:
             nic = self.nics[level]
             ask = partial(self.send_frame, level,
                           generation_question(self.plan.probe_job(), self.me[level], self.wire))
-            if not switch_down(nic, now, ask):
-                continue
             owed = [f"{c.name}: {c.waiting()} slot(s) waiting"
                     for (_p, lvl), c in self.channels.items() if lvl == level and c.waiting()]
+            if not switch_down(nic, now, ask, awaiting=bool(owed)):
+                continue
             raise PartFailed(
                 f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "
                 f"{level}) stopped answering: nothing from it for "

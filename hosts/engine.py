@@ -30,7 +30,7 @@ from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
 from hosts.membership import Membership, PartFailed, WorkerLost
 from hosts.mesh import Mesh, MeshError
-from hosts.recovery import SWITCH_DEADLINE, NicState
+from hosts.recovery import CONNECT_QUESTION_WAIT, NicState
 from hosts.stats import CallStats, Replan
 
 __all__ = ["CallStats", "Engine", "Replan"]
@@ -125,14 +125,14 @@ class Engine:
 
     def _silent_switches(self, levels: set[int]) -> set[tuple[int, int]]:
         """The groups of those of this worker's switches that answer no GENERATION question
-        within max(``SWITCH_DEADLINE``, 3 answer timeouts), asked four times."""
+        within max(``CONNECT_QUESTION_WAIT``, 3 answer timeouts), asked four times."""
         plan = self.plan
         me = plan.topology.digits(plan.server)
         waiting = set(levels)
         buffer = bytearray(MTU)
         # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
         # late, not never.
-        wait = max([SWITCH_DEADLINE,
+        wait = max([CONNECT_QUESTION_WAIT,
                     *(3 * self.nic_states[level].answer_time() for level in levels)])
         deadline = time.monotonic() + wait
         next_ask = 0.0

@@ -48,11 +48,23 @@ OUT_OF_ORDER_WAIT = 3  # timeouts RACK's evidence waits where members send in th
 # with the neighbours' broadcasts and streams. At a window's end no later frame can give
 # that evidence, and one timeout is the rule.
 MID_CALL_STALL = 4
-SWITCH_SILENCE = 2.0  # s without a frame from a switch: ask whether it is alive
-SWITCH_DEADLINE = 1.5  # s more without an answer to that question: the switch is down
-# ... and before this NIC has seen any slot answered (a fresh process): a slow switch (BMv2's
-# default build) may take seconds to work through the first window of every member.
+# A switch is presumed down within about a second plus a few answer times: SWITCH_SILENCE
+# without a frame from it, then SWITCH_DEADLINE without an answer to a question whether it
+# is alive (both grow with the answer times the NIC sees, so a loaded link's queue is not
+# taken for a dead switch).
+SWITCH_SILENCE = 0.5
+SWITCH_DEADLINE = 0.5
+# ... before this NIC has seen any slot answered (a fresh process) while slots wait: a slow
+# switch (BMv2's default build) may take seconds to work through the first window of every
+# member.
 FIRST_ANSWER_DEADLINE = 10.0
+# ... and on a NIC that sends the switch no slots (host-to-host streams only, host-based
+# BML), so knows no answer time: a question waits behind the streams' share of both queues,
+# under a second at 2 Mbit/s.
+QUIET_NIC_DEADLINE = 2.5
+# The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
+# may still be draining a previous call's frames through the switch.
+CONNECT_QUESTION_WAIT = 1.5
 GENERATION_ASK_EVERY = 0.05  # s between GENERATION questions at a call's start: a lost one's cost
 
 
@@ -134,19 +146,22 @@ class NicState:
         self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
 
 
-def switch_down(nic: NicState, now: float, ask: Callable[[], None]) -> bool:
+def switch_down(nic: NicState, now: float, ask: Callable[[], None],
+                awaiting: bool = True) -> bool:
     """The switch watch of one NIC, run on every timer scan of a call. A switch that has sent
     nothing for ``SWITCH_SILENCE`` is asked whether it is alive (``ask`` sends a GENERATION
     question, which it answers whatever the other workers do, four times within the
     deadline); True once it has not answered within ``SWITCH_DEADLINE``: it is down or cut
     off, and the call fails at once instead of waiting out its timeout. On a slow, saturated
     link or switch a question and its answer wait in full queues, so both bounds grow with
-    the answer times this NIC sees."""
+    the answer times this NIC sees. ``awaiting``: slots of this NIC's wait for answers."""
     if nic.rto.samples:
         answer = nic.answer_time()
         silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
-    else:  # no answer time known yet: the call's first burst may still be queued
+    elif awaiting:  # no answer time known yet: the call's first burst may still be queued
         silence, deadline = SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
+    else:
+        silence, deadline = SWITCH_SILENCE, QUIET_NIC_DEADLINE
     if now - nic.last_heard < silence:
         return False
     if not nic.asked:
