@@ -59,6 +59,7 @@ def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int
             "predicted_up": prediction.max_up, "predicted_down": prediction.max_down,
             "bytes_ratio_min": min(ratios), "bytes_ratio_max": max(ratios),
             "retransmissions": run.retransmissions, "resent": run.resent(),
+            "probes": sum(r.get("probes", 0) for r in run.reports),
             "tcp_retransmissions": run.tcp_retransmissions,
             "goodput_bps": 32 * size / run.gst}
 
@@ -66,9 +67,9 @@ def measure(state, schedule: str, size: int, rate: float, tmp: Path, window: int
 def table(rows: list[dict]) -> list[str]:
     base = next((r["gst"] for r in rows if r["schedule"] == HOST_BASED), None)
     lines = ["| schedule | GST s | predicted s | GST/pred | busiest NIC up / pred | "
-             "busiest NIC down / pred | every NIC, each way: measured/pred | retx | "
+             "busiest NIC down / pred | every NIC, each way: measured/pred | retx | probes | "
              "vs host-based | sums |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         lines.append(
             f"| {r['schedule']} | {r['gst']:.2f} | {r['predicted_gst']:.2f} | "
@@ -76,7 +77,7 @@ def table(rows: list[dict]) -> list[str]:
             f"{r['busiest_up']:,} / {r['predicted_up']:,.0f} | "
             f"{r['busiest_down']:,} / {r['predicted_down']:,.0f} | "
             f"{r['bytes_ratio_min']:.3f} - {r['bytes_ratio_max']:.3f} | "
-            f"{r['retransmissions']} | "
+            f"{r['retransmissions']} | {r.get('probes', 0)} | "
             + (f"{r['gst'] / base:.2f}" if base else "n/a")
             + f" | {'correct' if r['correct'] else 'WRONG'} |")
     return lines

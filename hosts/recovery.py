@@ -32,6 +32,10 @@ RTO_INITIAL = 0.05  # s, before any answer
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
 RETX_BUDGET_CAP = 64.0
+# What a PROBE costs of that budget: its share of a 64-lane frame's bytes. Probes are cheap,
+# not free: a window of slots waiting for a lagging co-worker, each asked every timeout, sent
+# more bytes than the call's data on 2 Mbit/s links (bcube:3,2, busiest NIC 1.6x its bytes).
+PROBE_COST = 0.1
 # A slot the switch answered PENDING (this worker's contribution is in, the copy waits for
 # others) is asked again (a PROBE: header only, so cheap) this many timeouts after the
 # PENDING: only if the final answer is lost on its way does the switch need to hear from this
@@ -140,10 +144,10 @@ class NicState:
         liveness bounds grow with it (BMv2's default build answers in seconds under load)."""
         return max(self.rto.value, self.rto.base)
 
-    def refund(self) -> None:
-        """A re-send the switch answered PENDING: it cost a header-only answer, not a lost
+    def refund(self, paid: float) -> None:
+        """A recovery the switch answered PENDING: it cost a header-only answer, not a lost
         slot, and the slot is not re-sent again soon, so it is not charged."""
-        self.budget = min(RETX_BUDGET_CAP, self.budget + 1)
+        self.budget = min(RETX_BUDGET_CAP, self.budget + paid)
 
 
 def switch_down(nic: NicState, now: float, ask: Callable[[], None],
@@ -271,10 +275,12 @@ class SlotWindow:
         # PENDING still count as stalled.
         self.last_sent[slot] = now
         self.release(now)
-        self.probe_next[slot] = 1  # in: the fallback only asks whether the answer was lost
         if not self.pending[slot]:
-            self.nic.refund()  # the first one only: later ones are the fallback's
+            # The first one only (later ones are the fallback's): what the recovery it
+            # answers cost, a probe's (the slot's next recovery would be the frame) or a frame's.
+            self.nic.refund(1.0 if self.probe_next[slot] else PROBE_COST)
             self.counters.pending += 1
+        self.probe_next[slot] = 1  # in: the fallback only asks whether the answer was lost
         self.pending[slot] = min(self.pending[slot] + 1, 255)
 
     def answered(self, now: float, slot: int) -> None:
@@ -397,9 +403,10 @@ def resend_overdue(nic: NicState, windows: list[SlotWindow], now: float) -> None
     ending = all(draining)
     rto = nic.rto.value
     for _sent, window, slot, why in overdue:
-        if not ending and not window.probe_next[slot]:  # a probe costs no budget
-            if nic.budget >= 1:
-                nic.budget -= 1
+        if not ending:
+            cost = PROBE_COST if window.probe_next[slot] else 1.0
+            if nic.budget >= cost:
+                nic.budget -= cost
             elif now - nic.last_forced > rto:
                 nic.last_forced = now
             else:
