@@ -8,8 +8,12 @@ one NIC per server) on a Fat-Tree of ``n``-port switches for the same servers; t
 switches over the Fat-Tree's, and each schedule's GST over PS's (the seed claims k/5 and
 1/k). Nothing is sampled: the simulator's cost is about N x F / lanes frames (see
 docs/RESULTS.md for what that allows on this machine). Written to results/scale.{md,json,png}.
+With ``--fail-at``, each call instead has switch s0_0 killed that far into it (a fraction of
+its fault-free GST): when the workers gave up on the old plan and resumed on the new one, and
+the degraded plan's GST beside the model's (results/NAME.md, ``--name`` scale-failover).
 
     python -m benchmarks.scale [--sizes bcube:4,2 bcube:8,2] [--floats 256K] [--rate 100e6]
+    python -m benchmarks.scale --sizes bcube:4,3 bcube:8,3 --fail-at 0.5 --name scale-failover
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ from bml.topology import Topology
 
 RESULTS = Path("results")
 SIZES = ("bcube:4,2", "bcube:3,3", "bcube:8,2", "bcube:4,3", "bcube:6,3", "bcube:16,2")
+FAILED_SWITCH = "s0_0"  # level 0's first: on every server's path, none has it as a detour
 MODEL_GAP = 0.10  # simulator and model further apart than this: the table says why
 
 
-def simulate(topo: str, schedule: str, floats: int, rate: float) -> dict:
-    """One ``bml-sim gst`` row in a process of its own, with its wall time and peak RSS."""
+def simulate(topo: str, schedule: str, floats: int, rate: float,
+             fault: tuple[str, ...] = ()) -> dict:
+    """One ``bml-sim gst`` row in a process of its own, with its wall time and peak RSS;
+    ``fault``: ``bml-sim gst``'s ``--fail`` arguments."""
     process = subprocess.Popen(
         [sys.executable, "-m", "simulation.cli", "gst", "--topo", topo, "--schedule",
-         schedule, "--floats", str(floats), "--rate", str(rate), "--json"],
+         schedule, "--floats", str(floats), "--rate", str(rate), "--json", *fault],
         stdout=subprocess.PIPE, text=True)
     out = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
@@ -79,6 +86,23 @@ def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
     return lines
 
 
+def failover_table(rows: list[dict]) -> list[str]:
+    lines = ["| BCube | N | schedule | switch killed at | fault-free GST s | GST with the fault s "
+             "| re-planned | detection s | recovery s | degraded GST s | model, degraded "
+             "schedule s | degraded / model | wall s | peak MB | sums |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(
+            f"| {r['topo']} | {Topology.parse(r['topo']).num_servers} | {r['schedule']} | "
+            f"{r['switch']} at {r['fault_at']:.4f} s ({r['at']:.0%}) | {r['no_fault_gst']:.4f} | "
+            f"{r['gst']:.4f} | {r['replanned']} | {r['detection']:.3f} | {r['recovery']:.3f} | "
+            f"{r['degraded_gst']:.4f} | {r['predicted']:.4f} | "
+            f"{r['degraded_gst'] / r['predicted']:.3f} | {r['wall_s']:.0f} | "
+            f"{r['peak_mb']:.0f} | {'right' if r['correct'] else 'WRONG'} |")
+    return lines
+
+
 def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
     try:
         import matplotlib
@@ -108,12 +132,43 @@ def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def failover(args: argparse.Namespace) -> int:
+    """The ``--fail-at`` run: every schedule of every size with a switch killed mid-call."""
+    rows = []
+    fault = ("--fail", FAILED_SWITCH, "--fail-at", str(args.fail_at))
+    for topo in args.sizes:
+        for schedule in SCHEDULES:
+            if schedule == MIXED and Topology.parse(topo).k < 2:
+                continue
+            row = simulate(topo, schedule, args.floats, args.rate, fault)
+            rows.append(row)
+            print(f"{topo:>11} {schedule:>10}: detection {row['detection']:.3f} s, degraded "
+                  f"{row['degraded_gst']:.4f} s (model {row['predicted']:.4f}), "
+                  f"{row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
+    lines = [f"{args.floats} float32 per server, {args.rate / 1e6:g} Mbit/s links, "
+             f"{DEFAULT_LANES} values per packet; switch {FAILED_SWITCH} killed part-way "
+             "through a call, in virtual time", "", *failover_table(rows)]
+    print("\n" + "\n".join(lines))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=1))
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
     parser.add_argument("--floats", type=parse_size, default=256 << 10)
     parser.add_argument("--rate", type=float, default=100e6)
+    parser.add_argument("--name", default="scale",
+                        help="results/NAME.{md,json,png} (another run's rows stay)")
+    parser.add_argument("--fail-at", type=float, metavar="FRACTION",
+                        help="instead, kill switch s0_0 this far into each call (a fraction of "
+                        "its fault-free GST): detection, recovery, and the degraded plan's GST "
+                        "beside the model's")
     args = parser.parse_args(argv)
+    if args.fail_at is not None:
+        return failover(args)
     lines = [f"{args.floats} float32 per server, {args.rate / 1e6:g} Mbit/s links, "
              f"{DEFAULT_LANES} values per packet; whole calls in virtual time", ""]
     rows, base = [], {}
@@ -134,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{MODEL_GAP:.0%}.")
     print("\n" + "\n".join(lines))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "scale.json").write_text(json.dumps({"rows": rows, "baselines": base},
-                                                   indent=1))
-    plot(rows, base, RESULTS / "scale.png")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"rows": rows, "baselines": base},
+                                                         indent=1))
+    plot(rows, base, RESULTS / f"{args.name}.png")
     return 0 if all(r["correct"] for r in rows) else 1
 
 

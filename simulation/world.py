@@ -241,30 +241,90 @@ class GstRun:
                 max(down for nics in self.nic_bytes for _, down in nics))
 
 
+def _gst_world(topo: str, schedule: str, floats: int, rate: float, lanes: int,
+               seed: int) -> World:
+    """A world for timed calls, warmed up as the emulation's benchmarks warm up (a first
+    call makes the mesh and is a barrier)."""
+    scenario = Scenario(topo, schedule, floats, rate, lanes=lanes, timeout=3600.0,
+                        start_timeout=60.0, window=DEFAULT_WINDOW, seed=seed)
+    world = World(scenario)
+    world.call([np.ones(64, np.float32)] * world.topology.num_servers, [], 600.0)
+    return world
+
+
+def _timed_call(world: World, grads: list[np.ndarray],
+                faults: list[Fault]) -> tuple[float, float, bool]:
+    """(start, GST, every sum right) of one call of every worker in ``world``."""
+    start = world.clock.now
+    world.call(grads, faults, 3600.0)
+    outcomes = [w.outcome for w in world.workers.values()]
+    correct = all(o is not None and o.error is None
+                  and wrong_sum(o.result, grads, world.scenario.lanes) is None
+                  for o in outcomes)
+    gst = max((o.ended for o in outcomes if o is not None), default=start) - start
+    return start, gst, correct
+
+
 def simulated_gst(topo: str, schedule: str, floats: int, rate: float,
                   lanes: int = DEFAULT_LANES, seed: int = 0) -> GstRun:
     """The whole call of ``schedule`` on ``topo`` in virtual time, the real engine and switch
     code on links of ``rate`` bits/s each way (the cost model's setting: no loss)."""
-    scenario = Scenario(topo, schedule, floats, rate, lanes=lanes, timeout=3600.0,
-                        start_timeout=60.0, window=DEFAULT_WINDOW, seed=seed)
-    world = World(scenario)
+    world = _gst_world(topo, schedule, floats, rate, lanes, seed)
     servers = world.topology.num_servers
-    world.call([np.ones(64, np.float32)] * servers, [], 600.0)  # warm-up: the mesh, a barrier
     grads = gradients(np.random.default_rng(seed), servers, floats)
     counters = world.network.counters
     before = {key: direction.bytes for key, direction in counters.items()}
-    start = world.clock.now
-    world.call(grads, [], 3600.0)
-    outcomes = [w.outcome for w in world.workers.values()]
-    correct = all(o is not None and o.error is None
-                  and wrong_sum(o.result, grads, lanes) is None for o in outcomes)
-    gst = max((o.ended for o in outcomes if o is not None), default=start) - start
+    _, gst, correct = _timed_call(world, grads, [])
     nic_bytes = [[(counters[(s, level, "up")].bytes - before[(s, level, "up")],
                    counters[(s, level, "down")].bytes - before[(s, level, "down")])
                   for level in range(world.topology.k)] for s in range(servers)]
     prediction = predict(make_schedule(world.topology, schedule), floats, rate,
                          wire=wire(lanes))
-    return GstRun(scenario, gst, correct, nic_bytes, prediction)
+    return GstRun(world.scenario, gst, correct, nic_bytes, prediction)
+
+
+@dataclass
+class FailoverRun:
+    """A call with a switch killed part-way through, beside the same call without the fault:
+    when the workers gave up on the old plan (detection) and held their first sum of the new
+    one (recovery), and the new plan's attempt against the cost model's GST of the degraded
+    schedule (the emulation's ``benchmarks/faults.py`` measures the same on bcube:3,2)."""
+
+    switch: str
+    fault_at: float  # virtual s after the call's start
+    no_fault_gst: float
+    gst: float  # the faulted call: its start to the last worker's end
+    correct: bool  # every worker returned the right sum
+    replanned: int  # workers that re-planned
+    detection: float  # the fault to the last worker giving up on the old plan
+    recovery: float  # the fault to the last worker's first whole block of the new plan
+    degraded_gst: float  # the new plan's attempt alone, the slowest worker's
+    predicted: float  # the cost model's GST of the degraded schedule
+
+
+def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str,
+                 at: float, lanes: int = DEFAULT_LANES, seed: int = 0) -> FailoverRun:
+    """``switch`` killed ``at`` (a fraction) of the way through a call of ``schedule`` on
+    ``topo``, in virtual time: a fault-free call first gives the GST the fraction is of."""
+    world = _gst_world(topo, schedule, floats, rate, lanes, seed)
+    servers = world.topology.num_servers
+    rng = np.random.default_rng(seed)
+    _, no_fault, _ = _timed_call(world, gradients(rng, servers, floats), [])
+    fault_at = at * no_fault
+    start, gst, correct = _timed_call(world, gradients(rng, servers, floats),
+                                      [Fault("switch", fault_at, switch)])
+    failed = start + fault_at
+    replans = [(w.outcome.replans, w.outcome.stats) for w in world.workers.values()
+               if w.outcome is not None and w.outcome.replans and w.outcome.stats]
+    dead = next(s for s in world.topology.switches if s.name == switch)
+    degraded = make_schedule(world.topology, schedule).degraded({(dead.level, dead.index)})
+    nan = float("nan")
+    return FailoverRun(
+        switch, fault_at, no_fault, gst, correct, len(replans),
+        max((r[0].gave_up_at for r, _ in replans), default=nan) - failed,
+        max((r[-1].resumed_at for r, _ in replans), default=nan) - failed,
+        max((stats.seconds for _, stats in replans), default=nan),
+        predict(degraded, floats, rate, wire=wire(lanes)).gst)
 
 
 def wrong_sum(result: np.ndarray | None, grads: list[np.ndarray],

@@ -15,7 +15,7 @@ import pytest
 
 from bml.protocol import WIDEST_LANES
 from simulation import cli as sim_cli
-from simulation.world import Fault, Scenario, run_seed, run_trial, simulated_gst
+from simulation.world import Fault, Scenario, failover_gst, run_seed, run_trial, simulated_gst
 
 # 510 seeded trials in CI, spread over the sizes the emulation also runs.
 SOAK = [("bcube:2,2", 200), ("star:4", 150), ("bcube:3,2", 100), ("bcube:2,3", 60)]
@@ -128,3 +128,19 @@ def test_bml_sim_gst_prints_one_json_row_per_schedule_for_the_scale_benchmark(ca
         assert row["correct"] and row["gst"] > 0 and row["model_gst"] > 0
         assert row["max_up"] == pytest.approx(row["model_up"], rel=0.05)
         assert row["peak_mb"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["in-network", "mixed", "host-based"])
+def test_a_switch_killed_half_way_is_detected_and_the_degraded_plan_runs_at_the_models_pace(
+        schedule):
+    """``bml-sim gst --fail``: s0_0 of bcube:2,2 killed half-way through a call. Every worker
+    re-plans and returns the right sum; the switch is found down within a second of silence
+    and question (three on a NIC that sends it no slots, host-based), and the degraded plan's
+    attempt takes the cost model's GST of the degraded schedule plus the fixed costs a short
+    call shows (its fault-free call is within 15% of the model, above)."""
+    run = failover_gst("bcube:2,2", schedule, 100_000, 100e6, "s0_0", 0.5)
+    assert run.correct
+    assert run.replanned == 4
+    assert run.detection < (3.2 if schedule == "host-based" else 1.2)
+    assert run.detection < run.recovery < run.detection + 0.5
+    assert run.predicted <= run.degraded_gst < 1.6 * run.predicted
