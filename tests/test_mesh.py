@@ -48,8 +48,8 @@ def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_o
     plan = Membership.of(1, 0, topology, make_schedule(topology, HOST_BASED))
     floats = 64 * 40_000  # 40 KB of exponents: five times the pacing limit
     call = Call(plan, [NicState(0, "10.0.0.1"), NicState(1, "10.0.1.1")],
-                np.ones(floats, dtype=np.float32), 7, 0, time.monotonic(), 64, 1.0, 1.0,
-                DEFAULT_WIRE)
+                np.ones(floats, dtype=np.float32), 7, 0, time.monotonic(), 64, 0.4, 0.4,
+                DEFAULT_WIRE)  # timeouts under SWITCH_SILENCE: no NIC here to ask a switch
     with socket.create_server(("127.0.0.1", 0)) as listener:
         (level0_near, level0_far), (level1_near, level1_far) = (connected_pair(listener),
                                                                 connected_pair(listener))
