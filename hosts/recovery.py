@@ -129,6 +129,9 @@ class NicState:
     budget: float = RETX_BUDGET_CAP
     last_forced: float = 0.0
     last_heard: float = 0.0  # when a frame from the switch last arrived
+    # When a neighbour's mesh message last arrived over this NIC: its down link is busy with
+    # the streams, and the windows' answers wait their turn behind them (``overdue``).
+    delivered: float = float("-inf")
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
     questions: int = 0  # how often since
 
@@ -296,7 +299,7 @@ class SlotWindow:
             # starting restart, instead of all firing at once.
             self.last_sent = [now] * self.window
         self.answers += 1
-        self.last_answer = now
+        self.last_answer = self.nic.delivered = now
         self.frames[slot] = None
         self.next_use[slot] += 1
         self.nic.answered()
@@ -325,7 +328,7 @@ class SlotWindow:
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         answered_sent = self.answered_sent
         silence = base if draining else base * MID_CALL_STALL
-        stalled = now - self.last_answer > silence
+        stalled = now - max(self.last_answer, self.nic.delivered) > silence
         overdue = []
         frames = self.frames
         if self.one_slot_first and not self.answers:
