@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-MAX_SERVERS = 1000  # what the addressing plan numbers; the emulation caps it lower
+# The addressing plan: server NICs at 10.(level+1).x.y with x below SWITCH_OCTETS[0], switches
+# at 10.(level+1).x.y with x from 255 down (250 a third octet). The emulation caps it lower.
+SWITCH_OCTETS = range(250, 256)
+MAX_SERVERS = 250 * SWITCH_OCTETS[0]
+MAX_SWITCHES_PER_LEVEL = 250 * len(SWITCH_OCTETS)
 
 
 class TopologyError(ValueError):
@@ -53,7 +57,7 @@ class Switch:
     @property
     def ip(self) -> str:
         """The switch's aggregation address in its level's subnet."""
-        return f"10.{self.level + 1}.255.{self.index + 1}"
+        return f"10.{self.level + 1}.{255 - self.index // 250}.{self.index % 250 + 1}"
 
     @property
     def ports(self) -> tuple[int, ...]:
@@ -73,7 +77,7 @@ def server_of_ip(ip: str) -> tuple[int, int]:
         a, b, c, d = (int(x) for x in ip.split("."))
     except ValueError:
         raise TopologyError(f"{ip!r} is not an IPv4 address") from None
-    if a != 10 or b < 1 or c == 255 or d < 1:
+    if a != 10 or b < 1 or c >= SWITCH_OCTETS[0] or not 1 <= d <= 250:
         raise TopologyError(f"{ip} is not a server address of the plan 10.(level+1).x.y")
     return c * 250 + d - 1, b - 1
 
@@ -103,6 +107,10 @@ class Topology:
         if self.n ** self.k > MAX_SERVERS:
             raise TopologyError(f"BCube({self.n},{self.k}) has {self.n ** self.k} servers; "
                                 f"the addressing plan numbers at most {MAX_SERVERS}")
+        if self.n ** (self.k - 1) > MAX_SWITCHES_PER_LEVEL:
+            raise TopologyError(f"BCube({self.n},{self.k}) has {self.n ** (self.k - 1)} "
+                                f"switches per level; the addressing plan numbers at most "
+                                f"{MAX_SWITCHES_PER_LEVEL}")
 
     @classmethod
     def parse(cls, spec: str) -> Topology:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from bml.protocol import POOL_SLOTS
-from bml.topology import Topology, TopologyError
+from bml.topology import Topology, TopologyError, server_of_ip
 from control_plane.jobs import JobError, allocate_pool, plan_job
 
 
@@ -80,7 +80,7 @@ def test_star_is_one_switch():
 
 
 @pytest.mark.parametrize("spec", ["bcube:1,2", "bcube:3,0", "star:1", "mesh:3", "bcube:3",
-                                  "star:x", "bcube:10,4"])
+                                  "star:x", "bcube:16,4", "bcube:2,12"])
 def test_bad_topologies_are_refused(spec):
     with pytest.raises(TopologyError):
         Topology.parse(spec)
@@ -153,3 +153,18 @@ def test_a_star_has_no_detour():
     assert topo.detour_routes(0) == []
     with pytest.raises(TopologyError, match="no other path"):
         topo.relay(0, 0)
+
+
+@pytest.mark.parametrize("spec", ["bcube:64,2", "bcube:16,3"])
+def test_the_addressing_plan_numbers_4096_servers_and_their_switches_apart(spec):
+    """The scale benchmark's largest BCubes: every NIC's address maps back to its server and
+    level, and no switch address is a server's or another switch's."""
+    topo = Topology.parse(spec)
+    nics = [nic for s in range(topo.num_servers) for nic in topo.nics(s)]
+    assert all(server_of_ip(nic.ip) == (nic.server, nic.level) for nic in nics)
+    switch_ips = [sw.ip for sw in topo.switches]
+    assert len(set(switch_ips)) == len(switch_ips)
+    assert not set(switch_ips) & {nic.ip for nic in nics}
+    for ip in switch_ips:
+        with pytest.raises(TopologyError):
+            server_of_ip(ip)
