@@ -64,20 +64,26 @@ def baselines(topology: Topology, floats: int, rate: float) -> dict:
             "bcube_switches": cost_model.bcube_switches(topology.n, topology.k)}
 
 
+def base_key(row: dict) -> str:
+    """The baselines' key of a row: they depend on the servers and the floats."""
+    return f"{row['topo']} {row['floats']}"
+
+
 def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
-    lines = ["| BCube | N | schedule | sim GST s | model GST s | sim / model | PS s | ring s | "
-             "switch per rack s | BML / PS | 1/k | switches BCube / Fat-Tree | k/5 | "
+    lines = ["| BCube | N | floats | schedule | sim GST s | model GST s | sim / model | PS s | "
+             "ring s | switch per rack s | BML / PS | 1/k | switches BCube / Fat-Tree | k/5 | "
              "wall s | peak MB | sums |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-             "---: | ---: | ---: | ---: | --- |"]
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+             "---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         topology = Topology.parse(r["topo"])
-        b = base[r["topo"]]
+        b = base[base_key(r)]
         switches = (f"{b['bcube_switches']} / {b['fat_tree_switches']} = "
                     f"{b['bcube_switches'] / b['fat_tree_switches']:.2f}"
                     if b["fat_tree_switches"] else f"{b['bcube_switches']} / none")
         lines.append(
-            f"| {r['topo']} | {topology.num_servers} | {r['schedule']} | {r['gst']:.4f} | "
+            f"| {r['topo']} | {topology.num_servers} | {r['floats']:,} | {r['schedule']} | "
+            f"{r['gst']:.4f} | "
             f"{r['model_gst']:.4f} | {r['gst'] / r['model_gst']:.3f} | {b['ps']:.4f} | "
             f"{b['ring']:.4f} | {b['rack']:.4f} | {r['gst'] / b['ps']:.3f} | "
             f"{1 / topology.k:.3f} | {switches} | {topology.k / 5:.2f} | "
@@ -87,14 +93,15 @@ def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
 
 
 def failover_table(rows: list[dict]) -> list[str]:
-    lines = ["| BCube | N | schedule | switch killed at | fault-free GST s | GST with the fault s "
-             "| re-planned | detection s | recovery s | degraded GST s | model, degraded "
-             "schedule s | degraded / model | wall s | peak MB | sums |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: | ---: | --- |"]
+    lines = ["| BCube | N | floats | schedule | switch killed at | fault-free GST s | "
+             "GST with the fault s | re-planned | detection s | recovery s | degraded GST s | "
+             "model, degraded schedule s | degraded / model | wall s | peak MB | sums |",
+             "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | ---: | ---: | --- |"]
     for r in rows:
         lines.append(
-            f"| {r['topo']} | {Topology.parse(r['topo']).num_servers} | {r['schedule']} | "
+            f"| {r['topo']} | {Topology.parse(r['topo']).num_servers} | {r['floats']:,} | "
+            f"{r['schedule']} | "
             f"{r['switch']} at {r['fault_at']:.4f} s ({r['at']:.0%}) | {r['no_fault_gst']:.4f} | "
             f"{r['gst']:.4f} | {r['replanned']} | {r['detection']:.3f} | {r['recovery']:.3f} | "
             f"{r['degraded_gst']:.4f} | {r['predicted']:.4f} | "
@@ -118,9 +125,9 @@ def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
             if not mine:
                 continue
             xs = [Topology.parse(r["topo"]).num_servers for r in mine]
-            ax.plot(xs, [r["gst"] / base[r["topo"]]["ps"] for r in mine], marker="o",
+            ax.plot(xs, [r["gst"] / base[base_key(r)]["ps"] for r in mine], marker="o",
                     label=f"k={k} {schedule} (simulated)")
-            ax.plot(xs, [r["model_gst"] / base[r["topo"]]["ps"] for r in mine], ls=":",
+            ax.plot(xs, [r["model_gst"] / base[base_key(r)]["ps"] for r in mine], ls=":",
                     color=ax.lines[-1].get_color())
         ax.axhline(1 / k, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
@@ -145,14 +152,34 @@ def failover(args: argparse.Namespace) -> int:
             print(f"{topo:>11} {schedule:>10}: detection {row['detection']:.3f} s, degraded "
                   f"{row['degraded_gst']:.4f} s (model {row['predicted']:.4f}), "
                   f"{row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
-    lines = [f"{args.floats} float32 per server, {args.rate / 1e6:g} Mbit/s links, "
-             f"{DEFAULT_LANES} values per packet; switch {FAILED_SWITCH} killed part-way "
-             "through a call, in virtual time", "", *failover_table(rows)]
+    correct = all(r["correct"] for r in rows)
+    rows, _ = kept_rows(args.name, rows, {})
+    lines = [f"{args.rate / 1e6:g} Mbit/s links, {DEFAULT_LANES} values per packet; switch "
+             f"{FAILED_SWITCH} killed part-way through a call, in virtual time", "",
+             *failover_table(rows)]
     print("\n" + "\n".join(lines))
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"rows": rows}, indent=1))
-    return 0 if all(r["correct"] for r in rows) else 1
+    return 0 if correct else 1
+
+
+def kept_rows(name: str, rows: list[dict], base: dict[str, dict]
+              ) -> tuple[list[dict], dict[str, dict]]:
+    """``rows`` and ``base`` with an earlier run's under the same name that these do not
+    replace (same topology, schedule, floats and fault), so that sizes too big for one sitting
+    can run one at a time."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return rows, base
+    earlier = json.loads(path.read_text())
+
+    def key(row: dict) -> tuple:
+        return row["topo"], row["schedule"], row["floats"], row.get("at")
+
+    new = {key(row) for row in rows}
+    return ([r for r in earlier["rows"] if key(r) not in new] + rows,
+            earlier.get("baselines", {}) | base)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,12 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fail_at is not None:
         return failover(args)
-    lines = [f"{args.floats} float32 per server, {args.rate / 1e6:g} Mbit/s links, "
-             f"{DEFAULT_LANES} values per packet; whole calls in virtual time", ""]
+    lines = [f"float32 per server as given, {args.rate / 1e6:g} Mbit/s links, {DEFAULT_LANES} "
+             "values per packet; whole calls in virtual time", ""]
     rows, base = [], {}
     for topo in args.sizes:
         topology = Topology.parse(topo)
-        base[topo] = baselines(topology, args.floats, args.rate)
+        base[f"{topo} {args.floats}"] = baselines(topology, args.floats, args.rate)
         for schedule in SCHEDULES:
             if schedule == MIXED and topology.k < 2:
                 continue
@@ -182,18 +209,19 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{topo:>11} {schedule:>10}: {row['gst']:.4f} s (model {row['model_gst']:.4f})"
                   f", {row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
+    correct = all(r["correct"] for r in rows)
+    rows, base = kept_rows(args.name, rows, base)
     lines += table(rows, base)
     gaps = [r for r in rows if abs(r["gst"] / r["model_gst"] - 1) > MODEL_GAP]
     if gaps:
         lines.append(f"\n{len(gaps)} of {len(rows)} rows differ from the model by more than "
                      f"{MODEL_GAP:.0%}.")
     print("\n" + "\n".join(lines))
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"rows": rows, "baselines": base},
                                                          indent=1))
     plot(rows, base, RESULTS / f"{args.name}.png")
-    return 0 if all(r["correct"] for r in rows) else 1
+    return 0 if correct else 1
 
 
 if __name__ == "__main__":
