@@ -221,7 +221,7 @@ def failover_table(topo: str, schedules: list[str], floats: int, rate: float, la
         print(f"{schedule:<11} {run.no_fault_gst:>10.4f} {run.gst:>9.4f} {run.replanned:>10} "
               f"{run.detection:>9.4f} {run.recovery:>9.4f} {run.degraded_gst:>10.4f} "
               f"{run.predicted:>9.4f} {run.degraded_gst / run.predicted:>7.3f} {wall:>7.1f} "
-              f"{'right' if run.correct else 'WRONG'}")
+              f"{'right' if run.correct else f'{run.errors} with an error'}")
     return 0 if right else 1
 
 

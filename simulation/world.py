@@ -295,6 +295,7 @@ class FailoverRun:
     no_fault_gst: float
     gst: float  # the faulted call: its start to the last worker's end
     correct: bool  # every worker returned the right sum
+    errors: int  # workers that ended with an error instead (none returned a wrong sum: asserted)
     replanned: int  # workers that re-planned
     detection: float  # the fault to the last worker giving up on the old plan
     recovery: float  # the fault to the last worker's first whole block of the new plan
@@ -311,8 +312,13 @@ def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str
     rng = np.random.default_rng(seed)
     _, no_fault, _ = _timed_call(world, gradients(rng, servers, floats), [])
     fault_at = at * no_fault
-    start, gst, correct = _timed_call(world, gradients(rng, servers, floats),
-                                      [Fault("switch", fault_at, switch)])
+    grads = gradients(rng, servers, floats)
+    start, gst, correct = _timed_call(world, grads, [Fault("switch", fault_at, switch)])
+    outcomes = [w.outcome for w in world.workers.values()]
+    errors = sum(1 for o in outcomes if o is None or o.error is not None)
+    wrong = [o for o in outcomes if o is not None and o.error is None
+             and wrong_sum(o.result, grads, world.scenario.lanes) is not None]
+    assert not wrong, f"{len(wrong)} worker(s) returned a wrong sum"
     failed = start + fault_at
     replans = [(w.outcome.replans, w.outcome.stats) for w in world.workers.values()
                if w.outcome is not None and w.outcome.replans and w.outcome.stats]
@@ -320,7 +326,7 @@ def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str
     degraded = make_schedule(world.topology, schedule).degraded({(dead.level, dead.index)})
     nan = float("nan")
     return FailoverRun(
-        switch, fault_at, no_fault, gst, correct, len(replans),
+        switch, fault_at, no_fault, gst, correct, errors, len(replans),
         max((r[0].gave_up_at for r, _ in replans), default=nan) - failed,
         max((r[-1].resumed_at for r, _ in replans), default=nan) - failed,
         max((stats.seconds for _, stats in replans), default=nan),
