@@ -823,8 +823,8 @@ class Call:
             raise PartFailed(
                 f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "
                 f"{level}) stopped answering: nothing from it for "
-                f"{now - nic.last_heard:.1f} s, not even to a question whether it is "
-                f"alive, during {self.phase.value}"
+                f"{now - max(nic.last_heard, nic.delivered):.1f} s, not even to a question "
+                f"whether it is alive, during {self.phase.value}"
                 + (f" ({'; '.join(owed)})" if owed else "") + ": it is down or cut off",
                 {(level, self.topology.switch_index(self.plan.server, level))})
 

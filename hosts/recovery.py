@@ -63,9 +63,10 @@ SWITCH_DEADLINE = 0.5
 # member.
 FIRST_ANSWER_DEADLINE = 10.0
 # ... and on a NIC that sends the switch no slots (host-to-host streams only, host-based
-# BML), so knows no answer time: a question waits behind the streams' share of both queues,
-# under a second at 2 Mbit/s.
-QUIET_NIC_DEADLINE = 2.5
+# BML), so knows no answer time. The streams the switch forwards are its signs of life
+# (``NicState.delivered``), so a question goes out only once they too have paused: then no
+# stream fills the down queue ahead of the answer.
+QUIET_NIC_DEADLINE = 1.0
 # The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
 # may still be draining a previous call's frames through the switch.
 CONNECT_QUESTION_WAIT = 1.5
@@ -161,7 +162,9 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None],
     deadline); True once it has not answered within ``SWITCH_DEADLINE``: it is down or cut
     off, and the call fails at once instead of waiting out its timeout. On a slow, saturated
     link or switch a question and its answer wait in full queues, so both bounds grow with
-    the answer times this NIC sees. ``awaiting``: slots of this NIC's wait for answers."""
+    the answer times this NIC sees. A neighbour's mesh message over this NIC came through
+    the switch too: it is as good a sign of life as a frame from it (a host-based NIC's
+    only one). ``awaiting``: slots of this NIC's wait for answers."""
     if nic.rto.samples:
         answer = nic.answer_time()
         silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
@@ -169,7 +172,8 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None],
         silence, deadline = SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
     else:
         silence, deadline = SWITCH_SILENCE, QUIET_NIC_DEADLINE
-    if now - nic.last_heard < silence:
+    if now - max(nic.last_heard, nic.delivered) < silence:
+        nic.asked = 0.0  # alive since any question
         return False
     if not nic.asked:
         nic.asked, nic.questions = now, 0
