@@ -159,17 +159,32 @@ def error_bound(biased_exponents: np.ndarray, num_workers: int,
     return quantisation[:, None] + 2.0 ** -24 * np.abs(result.astype(np.float64))
 
 
+class ExpectedSum:
+    """The float64 sum of ``grads`` and the exponents of its stated bound, computed once for
+    checking many results against it (every worker's: per result it would be N x N sums)."""
+
+    def __init__(self, grads: list[np.ndarray], lanes: int = DEFAULT_LANES) -> None:
+        self.workers, self.lanes = len(grads), lanes
+        self.shape = grads[0].shape
+        self.exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
+        self.padded = -(-self.exact.size // lanes) * lanes
+        self.exponents = np.max(
+            [block_exponents(np.pad(g, (0, self.padded - g.size)).reshape(-1, lanes))
+             for g in grads], axis=0)
+
+    def check(self, result: np.ndarray) -> tuple[float, float, bool]:
+        """(max error, largest allowed error, every element within its bound)."""
+        exact, lanes = self.exact, self.lanes
+        res = np.pad(result.astype(np.float64), (0, self.padded - result.size))
+        bound = error_bound(self.exponents, self.workers,
+                            res.reshape(-1, lanes)).reshape(-1)[:exact.size]
+        error = np.abs(result.astype(np.float64) - exact)
+        return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
+
+
 def check_sum(result: np.ndarray, grads: list[np.ndarray],
               lanes: int = DEFAULT_LANES) -> tuple[float, float, bool]:
     """(max error, largest allowed error, every element within its bound) of one result
     against the float64 sum of ``grads``, with the bound ``hosts.quantize`` states for blocks
     of ``lanes`` values (the width the sum was taken at)."""
-    n = len(grads)
-    exact = np.sum([g.astype(np.float64) for g in grads], axis=0)
-    padded = -(-exact.size // lanes) * lanes
-    blocks = [np.pad(g, (0, padded - g.size)).reshape(-1, lanes) for g in grads]
-    e_max = np.max([block_exponents(b) for b in blocks], axis=0)
-    res = np.pad(result.astype(np.float64), (0, padded - result.size))
-    bound = error_bound(e_max, n, res.reshape(-1, lanes)).reshape(-1)[:exact.size]
-    error = np.abs(result.astype(np.float64) - exact)
-    return float(error.max()), float(bound.max()), bool(np.all(error <= bound))
+    return ExpectedSum(grads, lanes).check(result)

@@ -23,7 +23,7 @@ from bml.schedule import DEFAULT_WINDOW, SCHEDULES, make_schedule
 from bml.topology import Topology
 from control_plane.jobs import plan_scheduled_job
 from hosts.membership import Membership
-from hosts.quantize import check_sum
+from hosts.quantize import ExpectedSum
 from simulation.network import Clock, LinkShape, Network
 from simulation.workers import SimWorker, State, WorkerWorld
 
@@ -209,8 +209,9 @@ def lossy_gst(topo: str, schedule: str, floats: int, rate: float, loss: float,
     grads = gradients(np.random.default_rng(seed), world.topology.num_servers, floats)
     world.call(grads, [], 900.0)
     outcomes = [w.outcome for w in world.workers.values()]
+    expected = ExpectedSum(grads, scenario.lanes)
     ok = all(o is not None and o.error is None
-             and wrong_sum(o.result, grads, scenario.lanes) is None
+             and wrong_sum(o.result, expected) is None
              for o in outcomes)
     gst = max((o.ended for o in outcomes if o is not None), default=float("nan"))
     resent = sum(o.stats.retransmissions for o in outcomes if o is not None and o.stats)
@@ -258,8 +259,9 @@ def _timed_call(world: World, grads: list[np.ndarray],
     start = world.clock.now
     world.call(grads, faults, 3600.0)
     outcomes = [w.outcome for w in world.workers.values()]
+    expected = ExpectedSum(grads, world.scenario.lanes)
     correct = all(o is not None and o.error is None
-                  and wrong_sum(o.result, grads, world.scenario.lanes) is None
+                  and wrong_sum(o.result, expected) is None
                   for o in outcomes)
     gst = max((o.ended for o in outcomes if o is not None), default=start) - start
     return start, gst, correct
@@ -315,9 +317,10 @@ def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str
     grads = gradients(rng, servers, floats)
     start, gst, correct = _timed_call(world, grads, [Fault("switch", fault_at, switch)])
     outcomes = [w.outcome for w in world.workers.values()]
+    expected = ExpectedSum(grads, world.scenario.lanes)
     errors = sum(1 for o in outcomes if o is None or o.error is not None)
     wrong = [o for o in outcomes if o is not None and o.error is None
-             and wrong_sum(o.result, grads, world.scenario.lanes) is not None]
+             and wrong_sum(o.result, expected) is not None]
     assert not wrong, f"{len(wrong)} worker(s) returned a wrong sum"
     failed = start + fault_at
     replans = [(w.outcome.replans, w.outcome.stats) for w in world.workers.values()
@@ -333,13 +336,12 @@ def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str
         predict(degraded, floats, rate, wire=wire(lanes)).gst)
 
 
-def wrong_sum(result: np.ndarray | None, grads: list[np.ndarray],
-              lanes: int = DEFAULT_LANES) -> str | None:
-    """None if ``result`` is the sum within the quantiser's stated bound (blocks of
-    ``lanes``), else what is wrong."""
-    if result is None or result.shape != grads[0].shape:
+def wrong_sum(result: np.ndarray | None, expected: ExpectedSum) -> str | None:
+    """None if ``result`` is the sum within the quantiser's stated bound, else what is
+    wrong."""
+    if result is None or result.shape != expected.shape:
         return "no result of the right shape"
-    error, bound, ok = check_sum(result, grads, lanes)
+    error, bound, ok = expected.check(result)
     if ok:
         return None
     return f"off by up to {error:.3g}, more than the bound ({bound:.3g} at most)"
@@ -405,6 +407,7 @@ def run_trial(scenario: Scenario) -> Verdict:
     # with its own), and a margin for the clock to reach it.
     deadline = 3 * (scenario.timeout + scenario.start_timeout)
     world.call(grads, faults, deadline)
+    expected = ExpectedSum(grads, scenario.lanes)
     problems = []
     first = {}
     must_finish = all(expected_to_finish(f, topology) for f in faults)
@@ -429,7 +432,7 @@ def run_trial(scenario: Scenario) -> Verdict:
                 problems.append(f"server {server} failed although {faults[0]} leaves a way on:"
                                 f" {outcome.error}")
             continue
-        wrong = wrong_sum(outcome.result, grads, scenario.lanes)
+        wrong = wrong_sum(outcome.result, expected)
         first[server] = "ok" if wrong is None else wrong
         if wrong is not None:
             problems.append(f"server {server} returned a wrong sum: {wrong}")
@@ -451,6 +454,7 @@ def run_trial(scenario: Scenario) -> Verdict:
     world.clock.run_until(world.clock.now + 1.0)  # closings reach the neighbours
     grads = gradients(data, topology.num_servers, floats)
     world.call(grads, [], deadline)
+    expected = ExpectedSum(grads, scenario.lanes)
     for server, worker in world.workers.items():
         outcome = worker.outcome
         if outcome is None:
@@ -459,7 +463,7 @@ def run_trial(scenario: Scenario) -> Verdict:
         elif outcome.error is not None:
             problems.append(f"next call: server {server} failed: {outcome.error}")
         else:
-            wrong = wrong_sum(outcome.result, grads, scenario.lanes)
+            wrong = wrong_sum(outcome.result, expected)
             if wrong is not None:
                 problems.append(f"next call: server {server} returned a wrong sum: {wrong}")
     return Verdict(scenario, problems, first, gst, world.clock.pending(), late)
