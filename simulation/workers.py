@@ -82,11 +82,32 @@ class SimWorker:
         self.on_end: Callable[[SimWorker], None] | None = None
         self.aftermath: PartFailed | WorkerLost | None = None
         self.routes: dict[int, list[tuple[int, int]]] = {}  # peer's home -> its connection's
+        # What the mesh looks like under a membership, asked for every stream message: kept
+        # per membership (a new one on every re-planning), as a mesh keeps its sockets.
+        self._mesh_of: tuple[Membership | None, dict[int, PeerKey], dict[int, int], float] = (
+            None, {}, {}, MIN_RTO)
 
     # --- the mesh ------------------------------------------------------------------------
     def wanted(self) -> dict[int, PeerKey]:
         """Peer's home -> its key, under this worker's membership."""
-        return {self.plan.home_of(s): (dim, s) for dim, s in self.plan.peers()}
+        return self._mesh()[1]
+
+    def _mesh(self) -> tuple[Membership | None, dict[int, PeerKey], dict[int, int], float]:
+        """(membership, peer's home -> key, peer's home -> its connection's pacing window,
+        the connections' least retransmission timeout)."""
+        plan = self.plan
+        if self._mesh_of[0] is not plan:
+            wanted = {plan.home_of(s): (dim, s) for dim, s in plan.peers()}
+            budgets = stream_budgets(plan.schedule, plan.server)
+            detours = plan.detours()
+            windows = {home: connection_limit(budgets[detours.get(dim, dim)], plan.topology.n)
+                       for home, (dim, _s) in wanted.items()}
+            # As hosts.mesh sets its sockets: a short least timeout where the mesh carries
+            # only the calls' control messages.
+            min_rto = (CONTROL_RTO_MIN_US / 1e6
+                       if mesh_is_control_only(plan.schedule, plan.server) else MIN_RTO)
+            self._mesh_of = (plan, wanted, windows, min_rto)
+        return self._mesh_of
 
     def connect(self, keep: bool = False) -> None:
         """Open the mesh (again): every neighbour that is connecting too, and that a working
@@ -163,15 +184,11 @@ class SimWorker:
     def _stream(self, home: int, message: bytes, connection: tuple[int, ...],
                 closing: bool = False) -> None:
         other = self.world.workers[home]
-        # As hosts.mesh sets its sockets: a short least timeout where the mesh carries only
-        # the calls' control messages.
-        schedule, server = self.plan.schedule, self.plan.server
-        min_rto = (CONTROL_RTO_MIN_US / 1e6
-                   if mesh_is_control_only(schedule, server) else MIN_RTO)
-        # ... and paced as it paces them: the NIC's stream budget split among its neighbours.
-        dim = self.wanted()[home][0] if home in self.wanted() else 0
-        nic = self.plan.detours().get(dim, dim)
-        window = connection_limit(stream_budgets(schedule, server)[nic], self.plan.topology.n)
+        # Set and paced as hosts.mesh sets and paces its sockets (``_mesh``).
+        _plan, _wanted, windows, min_rto = self._mesh()
+        window = windows[home] if home in windows else connection_limit(
+            stream_budgets(self.plan.schedule, self.plan.server)[self.plan.detours().get(0, 0)],
+            self.plan.topology.n)
         self.network.send_stream(self.routes[home], max(len(message), 1),
                                  lambda: other._arrived(self.home, message, connection, closing),
                                  min_rto, window)
