@@ -48,6 +48,9 @@ def simulate(topo: str, schedule: str, floats: int, rate: float,
     out = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode not in (0, 1) or not out.strip():  # 1: a row with a wrong sum
+        raise SystemExit(f"scale: bml-sim gst --topo {topo} --schedule {schedule} exited "
+                         f"{process.returncode} without a row (its error is above)")
     row = json.loads(out.strip().splitlines()[-1])
     row["peak_mb"] = usage.ru_maxrss / 1024
     return row
