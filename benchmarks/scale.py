@@ -38,7 +38,7 @@ MODEL_GAP = 0.10  # simulator and model further apart than this: the table says 
 
 
 def simulate(topo: str, schedule: str, floats: int, rate: float,
-             fault: tuple[str, ...] = ()) -> dict:
+             fault: tuple[str, ...] = ()) -> dict | None:
     """One ``bml-sim gst`` row in a process of its own, with its wall time and peak RSS;
     ``fault``: ``bml-sim gst``'s ``--fail`` arguments."""
     process = subprocess.Popen(
@@ -49,8 +49,9 @@ def simulate(topo: str, schedule: str, floats: int, rate: float,
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode not in (0, 1) or not out.strip():  # 1: a row with a wrong sum
-        raise SystemExit(f"scale: bml-sim gst --topo {topo} --schedule {schedule} exited "
-                         f"{process.returncode} without a row (its error is above)")
+        print(f"scale: bml-sim gst --topo {topo} --schedule {schedule} exited "
+              f"{process.returncode} without a row (its error is above); no row", flush=True)
+        return None
     row = json.loads(out.strip().splitlines()[-1])
     row["peak_mb"] = usage.ru_maxrss / 1024
     return row
@@ -159,6 +160,8 @@ def failover(args: argparse.Namespace) -> int:
             if schedule == MIXED and Topology.parse(topo).k < 2:
                 continue
             row = simulate(topo, schedule, args.floats, args.rate, fault)
+            if row is None:
+                continue
             rows.append(row)
             print(f"{topo:>11} {schedule:>10}: detection {row['detection']:.3f} s, degraded "
                   f"{row['degraded_gst']:.4f} s (model {row['predicted']:.4f}), "
@@ -217,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             if schedule == MIXED and topology.k < 2:
                 continue
             row = simulate(topo, schedule, args.floats, args.rate)
+            if row is None:
+                continue
             rows.append(row)
             print(f"{topo:>11} {schedule:>10}: {row['gst']:.4f} s (model {row['model_gst']:.4f})"
                   f", {row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
