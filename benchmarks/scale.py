@@ -68,9 +68,9 @@ def baselines(topology: Topology, floats: int, rate: float) -> dict:
             "bcube_switches": cost_model.bcube_switches(topology.n, topology.k)}
 
 
-def base_key(row: dict) -> str:
-    """The baselines' key of a row: they depend on the servers and the floats."""
-    return f"{row['topo']} {row['floats']}"
+def base_key(topo: str, floats: int) -> str:
+    """The baselines' key: they depend on the servers and the floats."""
+    return f"{topo} {floats}"
 
 
 def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
@@ -81,7 +81,7 @@ def table(rows: list[dict], base: dict[str, dict]) -> list[str]:
              "---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         topology = Topology.parse(r["topo"])
-        b = base[base_key(r)]
+        b = base[base_key(r["topo"], r["floats"])]
         switches = (f"{b['bcube_switches']} / {b['fat_tree_switches']} = "
                     f"{b['bcube_switches'] / b['fat_tree_switches']:.2f}"
                     if b["fat_tree_switches"] else f"{b['bcube_switches']} / none")
@@ -137,9 +137,10 @@ def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
             if not mine:
                 continue
             xs = [Topology.parse(r["topo"]).num_servers for r in mine]
-            ax.plot(xs, [r["gst"] / base[base_key(r)]["ps"] for r in mine], marker="o",
+            ps = [base[base_key(r["topo"], r["floats"])]["ps"] for r in mine]
+            ax.plot(xs, [r["gst"] / b for r, b in zip(mine, ps, strict=True)], marker="o",
                     label=f"k={k} {schedule} (simulated)")
-            ax.plot(xs, [r["model_gst"] / base[base_key(r)]["ps"] for r in mine], ls=":",
+            ax.plot(xs, [r["model_gst"] / b for r, b in zip(mine, ps, strict=True)], ls=":",
                     color=ax.lines[-1].get_color())
         ax.axhline(1 / k, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
@@ -151,21 +152,27 @@ def plot(rows: list[dict], base: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def failover(args: argparse.Namespace) -> int:
-    """The ``--fail-at`` run: every schedule of every size with a switch killed mid-call."""
-    rows = []
-    fault = ("--fail", FAILED_SWITCH, "--fail-at", str(args.fail_at))
+def simulated_rows(args: argparse.Namespace, fault: tuple[str, ...] = ()):
+    """Every schedule's row of every size (``simulate``), those bml-sim refused left out."""
     for topo in args.sizes:
         for schedule in SCHEDULES:
             if schedule == MIXED and Topology.parse(topo).k < 2:
                 continue
             row = simulate(topo, schedule, args.floats, args.rate, fault)
-            if row is None:
-                continue
-            rows.append(row)
-            print(f"{topo:>11} {schedule:>10}: detection {row['detection']:.3f} s, degraded "
-                  f"{row['degraded_gst']:.4f} s (model {row['predicted']:.4f}), "
-                  f"{row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
+            if row is not None:
+                yield row
+
+
+def failover(args: argparse.Namespace) -> int:
+    """The ``--fail-at`` run: every schedule of every size with a switch killed mid-call."""
+    rows = []
+    fault = ("--fail", FAILED_SWITCH, "--fail-at", str(args.fail_at))
+    for row in simulated_rows(args, fault):
+        topo, schedule = row["topo"], row["schedule"]
+        rows.append(row)
+        print(f"{topo:>11} {schedule:>10}: detection {row['detection']:.3f} s, degraded "
+              f"{row['degraded_gst']:.4f} s (model {row['predicted']:.4f}), "
+              f"{row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
     correct = all(r["correct"] for r in rows)
     rows, _ = kept_rows(args.name, rows, {})
     lines = [f"{args.rate / 1e6:g} Mbit/s links, {DEFAULT_LANES} values per packet; switch "
@@ -212,19 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         return failover(args)
     lines = [f"float32 per server as given, {args.rate / 1e6:g} Mbit/s links, {DEFAULT_LANES} "
              "values per packet; whole calls in virtual time", ""]
-    rows, base = [], {}
-    for topo in args.sizes:
-        topology = Topology.parse(topo)
-        base[f"{topo} {args.floats}"] = baselines(topology, args.floats, args.rate)
-        for schedule in SCHEDULES:
-            if schedule == MIXED and topology.k < 2:
-                continue
-            row = simulate(topo, schedule, args.floats, args.rate)
-            if row is None:
-                continue
-            rows.append(row)
-            print(f"{topo:>11} {schedule:>10}: {row['gst']:.4f} s (model {row['model_gst']:.4f})"
-                  f", {row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB", flush=True)
+    base = {base_key(topo, args.floats): baselines(Topology.parse(topo), args.floats,
+                                                   args.rate) for topo in args.sizes}
+    rows = []
+    for row in simulated_rows(args):
+        rows.append(row)
+        print(f"{row['topo']:>11} {row['schedule']:>10}: {row['gst']:.4f} s (model "
+              f"{row['model_gst']:.4f}), {row['wall_s']:.0f} s wall, {row['peak_mb']:.0f} MB",
+              flush=True)
     correct = all(r["correct"] for r in rows)
     rows, base = kept_rows(args.name, rows, base)
     lines += table(rows, base)

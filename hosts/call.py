@@ -274,8 +274,7 @@ class Call:
         """A whole mesh message of this call (its tag) from neighbour ``key``."""
         if not self.finished:
             self.now = now
-            if key[0] < len(self.nics):
-                self.nics[key[0]].delivered = now  # its down link delivers: answers wait
+            self.nics[key[0]].delivered = now  # its down link delivers: answers wait
             self._guard(self._on_message, key, (kind, stripe, step, start, count, payload))
 
     def on_closed(self, now: float, key: PeerKey) -> None:

@@ -253,18 +253,30 @@ def _gst_world(topo: str, schedule: str, floats: int, rate: float, lanes: int,
     return world
 
 
-def _timed_call(world: World, grads: list[np.ndarray],
-                faults: list[Fault]) -> tuple[float, float, bool]:
-    """(start, GST, every sum right) of one call of every worker in ``world``."""
+@dataclass
+class TimedCall:
+    """One call of every worker in a world: when it started, its GST, and how many workers
+    ended with an error or with a wrong sum."""
+
+    start: float
+    gst: float
+    errors: int
+    wrong: int
+
+    @property
+    def correct(self) -> bool:
+        return not self.errors and not self.wrong
+
+
+def _timed_call(world: World, grads: list[np.ndarray], faults: list[Fault]) -> TimedCall:
     start = world.clock.now
     world.call(grads, faults, 3600.0)
     outcomes = [w.outcome for w in world.workers.values()]
     expected = ExpectedSum(grads, world.scenario.lanes)
-    correct = all(o is not None and o.error is None
-                  and wrong_sum(o.result, expected) is None
-                  for o in outcomes)
+    ended = [o for o in outcomes if o is not None and o.error is None]
+    wrong = sum(1 for o in ended if wrong_sum(o.result, expected) is not None)
     gst = max((o.ended for o in outcomes if o is not None), default=start) - start
-    return start, gst, correct
+    return TimedCall(start, gst, len(outcomes) - len(ended), wrong)
 
 
 def simulated_gst(topo: str, schedule: str, floats: int, rate: float,
@@ -276,13 +288,13 @@ def simulated_gst(topo: str, schedule: str, floats: int, rate: float,
     grads = gradients(np.random.default_rng(seed), servers, floats)
     counters = world.network.counters
     before = {key: direction.bytes for key, direction in counters.items()}
-    _, gst, correct = _timed_call(world, grads, [])
+    call = _timed_call(world, grads, [])
     nic_bytes = [[(counters[(s, level, "up")].bytes - before[(s, level, "up")],
                    counters[(s, level, "down")].bytes - before[(s, level, "down")])
                   for level in range(world.topology.k)] for s in range(servers)]
     prediction = predict(make_schedule(world.topology, schedule), floats, rate,
                          wire=wire(lanes))
-    return GstRun(world.scenario, gst, correct, nic_bytes, prediction)
+    return GstRun(world.scenario, call.gst, call.correct, nic_bytes, prediction)
 
 
 @dataclass
@@ -312,24 +324,19 @@ def failover_gst(topo: str, schedule: str, floats: int, rate: float, switch: str
     world = _gst_world(topo, schedule, floats, rate, lanes, seed)
     servers = world.topology.num_servers
     rng = np.random.default_rng(seed)
-    _, no_fault, _ = _timed_call(world, gradients(rng, servers, floats), [])
+    no_fault = _timed_call(world, gradients(rng, servers, floats), []).gst
     fault_at = at * no_fault
-    grads = gradients(rng, servers, floats)
-    start, gst, correct = _timed_call(world, grads, [Fault("switch", fault_at, switch)])
-    outcomes = [w.outcome for w in world.workers.values()]
-    expected = ExpectedSum(grads, world.scenario.lanes)
-    errors = sum(1 for o in outcomes if o is None or o.error is not None)
-    wrong = [o for o in outcomes if o is not None and o.error is None
-             and wrong_sum(o.result, expected) is not None]
-    assert not wrong, f"{len(wrong)} worker(s) returned a wrong sum"
-    failed = start + fault_at
+    call = _timed_call(world, gradients(rng, servers, floats),
+                       [Fault("switch", fault_at, switch)])
+    assert not call.wrong, f"{call.wrong} worker(s) returned a wrong sum"
+    failed = call.start + fault_at
     replans = [(w.outcome.replans, w.outcome.stats) for w in world.workers.values()
                if w.outcome is not None and w.outcome.replans and w.outcome.stats]
     dead = next(s for s in world.topology.switches if s.name == switch)
     degraded = make_schedule(world.topology, schedule).degraded({(dead.level, dead.index)})
     nan = float("nan")
     return FailoverRun(
-        switch, fault_at, no_fault, gst, correct, errors, len(replans),
+        switch, fault_at, no_fault, call.gst, call.correct, call.errors, len(replans),
         max((r[0].gave_up_at for r, _ in replans), default=nan) - failed,
         max((r[-1].resumed_at for r, _ in replans), default=nan) - failed,
         max((stats.seconds for _, stats in replans), default=nan),
