@@ -55,6 +55,7 @@ from hosts.recovery import (
     NicState,
     SlotWindow,
     resend_overdue,
+    scan_interval,
     switch_down,
 )
 from hosts.stats import CallStats
@@ -314,7 +315,7 @@ class SingleSwitchCall:
                 f"for {now - self.nic.last_heard:.1f} s, not even to a question whether it "
                 f"is alive ({self.slots.waiting()} slot(s) waiting): it is down or cut off")
         resend_overdue(self.nic, [self.slots], now)
-        self.next_scan = now + self.nic.rto.value / 2
+        self.next_scan = now + scan_interval([self.nic])
 
     def _check_length(self, data: bytes | bytearray | memoryview) -> None:
         lanes = struct.unpack_from("!8i", data, HEADER_BYTES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import zlib
 
 import numpy as np
 
@@ -46,9 +47,12 @@ def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_o
     level waited for it until their timeout)."""
     topology = Topology.parse("bcube:2,2")
     plan = Membership.of(1, 0, topology, make_schedule(topology, HOST_BASED))
-    floats = 64 * 40_000  # 40 KB of exponents: five times the pacing limit
+    floats = 64 * 40_000  # 40,000 block exponents, spread so that zlib keeps over 9 KB
+    rng = np.random.default_rng(0)
+    gradient = (rng.standard_normal(floats) * 2.0 ** rng.integers(-60, 60, floats)).astype(
+        np.float32)
     call = Call(plan, [NicState(0, "10.0.0.1"), NicState(1, "10.0.1.1")],
-                np.ones(floats, dtype=np.float32), 7, 0, time.monotonic(), 64, 0.4, 0.4,
+                gradient, 7, 0, time.monotonic(), 64, 0.4, 0.4,
                 DEFAULT_WIRE)  # timeouts under SWITCH_SILENCE: no NIC here to ask a switch
     with socket.create_server(("127.0.0.1", 0)) as listener:
         (level0_near, level0_far), (level1_near, level1_far) = (connected_pair(listener),
@@ -63,7 +67,7 @@ def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_o
         # while its own level-0 message is still held back by the pacing limit.
         head = json.dumps({"lengths": [floats, floats], "codes": [plan.base_code],
                            "generation": 1}).encode()
-        exponents = np.full(floats // 64, 128, dtype=np.uint8).tobytes()
+        exponents = zlib.compress(np.full(floats // 64, 128, dtype=np.uint8).tobytes())
         level0_far.sendall(encode_message(Kind.EXPONENTS, 7, 0, 0, len(head),
                                           len(exponents), head + exponents))
         engine._drive(call)  # ends with the exchange's timeout on level 1
@@ -71,8 +75,28 @@ def test_a_paced_message_to_another_level_goes_on_while_the_call_waits_on_this_o
         received = read_message(level0_far, deadline)
         sent_head = MESSAGE.unpack_from(received)
         assert sent_head[0] == Kind.EXPONENTS and sent_head[6] == len(received) - MESSAGE.size
+        assert len(received) > 9000  # it was paced: larger than the limit
         assert call.exchange_dim == 1  # it did wait on level 1
         assert not engine.mesh.peers[(dim0, peer0)].outbox
         assert "level 1" in str(call.error)
         for sock in (level0_near, level0_far, level1_near, level1_far):
             sock.close()
+
+
+def test_exponents_that_do_not_inflate_end_the_call_naming_the_sender():
+    """The exponent exchange's body is zlib-compressed; a body that does not inflate to the
+    announced blocks (another version, a forged message) is refused, naming the sender,
+    instead of merging garbage into the exponents every sum is quantised with."""
+    topology = Topology.parse("bcube:2,2")
+    plan = Membership.of(1, 0, topology, make_schedule(topology, HOST_BASED))
+    floats = 64 * 100
+    call = Call(plan, [NicState(0, "10.0.0.1"), NicState(1, "10.0.1.1")],
+                np.ones(floats, dtype=np.float32), 7, 0, time.monotonic(), 64, 0.4, 0.4,
+                DEFAULT_WIRE)
+    head = json.dumps({"lengths": [floats, floats], "codes": [plan.base_code],
+                       "generation": 1}).encode()
+    key = plan.neighbours(0)[0]
+    call.on_message(time.monotonic(), key, Kind.EXPONENTS, 0, 0, len(head), floats // 64,
+                    head + bytes(floats // 64))  # raw bytes, not zlib
+    assert call.finished
+    assert f"server {key[1]}" in str(call.error) and "inflate" in str(call.error)
