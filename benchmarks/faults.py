@@ -14,9 +14,10 @@ Two tables, printed and written to results/faults.{md,json}:
    the fault repaired (recovery), that push's GST against the no-fault GST and against the
    cost model's prediction, and whether every sum was right. A star has no other path: a
    failed switch or link fails the push (named) and the job works after the repair.
-3. **Re-planned** on bcube:3,2, in-network and mixed (``--bcube-rate``): a level-0 switch
-   killed before the push starts and once its switches have added 25%, 50% and 90% of the
-   push's contributions, and a level-1 NIC losing its carrier at 25%. Every worker re-plans
+3. **Re-planned** on bcube:3,2, in-network, mixed and host-based (``--bcube-rate``): a
+   level-0 switch killed before the push starts and once its switches have added 25%, 50%
+   and 90% of the push's contributions (host-based, where the switches only route: of the
+   packets they route), and a level-1 NIC losing its carrier at 25%. Every worker re-plans
    (the failed group's level in the hosts over detours) and finishes: detection (the fault to
    the last worker giving up on the old plan), recovery (to the last worker's first sum of the
    new plan), the degraded attempt's GST against the no-fault push's and against the cost
@@ -25,6 +26,7 @@ Two tables, printed and written to results/faults.{md,json}:
 
     python -m benchmarks.faults [--rate 20mbit] [--size 1M] [--skip-faults]
                                 [--bcube-rate 2mbit] [--bcube-size 256K] [--skip-replans]
+                                [--only-replans] [--schedules in-network mixed host-based]
 """
 
 from __future__ import annotations
@@ -42,15 +44,15 @@ import numpy as np
 
 from benchmarks.common import parse_size, run_workers
 from bml import cost_model
-from bml.schedule import IN_NETWORK, MIXED, make_schedule
+from bml.schedule import HOST_BASED, IN_NETWORK, MIXED, make_schedule
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping, rate_bits
 from emulation.workers import (
     Push,
-    aggregated,
     run_pushes,
     start_pushes,
+    switch_total,
     wait_for_progress,
     wait_pushes,
 )
@@ -159,7 +161,7 @@ def fault_row(state, fault: str, size: int, tmp: Path, baseline: float,
     return row
 
 
-REPLAN_CASES = (("bcube:3,2", IN_NETWORK), ("bcube:3,2", MIXED))
+REPLAN_CASES = (("bcube:3,2", IN_NETWORK), ("bcube:3,2", MIXED), ("bcube:3,2", HOST_BASED))
 # (fault, share of the push's contributions added when it comes; None: before the push)
 REPLAN_FAULTS = (("switch killed", None), ("switch killed", 0.25), ("switch killed", 0.5),
                  ("switch killed", 0.9), ("NIC down", 0.25))
@@ -181,10 +183,16 @@ def bcube_push(state, schedule: str, size: int, tmp: Path, seed: int, start: boo
     return gst, ok, results
 
 
+def progress_stat(schedule: str) -> str:
+    """What a push's progress is counted in: the contributions the switches add, or where
+    they add none (host-based) the packets they route."""
+    return "forwarded" if schedule == HOST_BASED else "aggregated"
+
+
 def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline: float,
-               rate: str, moment: float | None, contributions: int) -> dict:
-    """``fault`` once the switches added ``moment`` of a push's ``contributions`` (None:
-    before the push starts)."""
+               rate: str, moment: float | None, progress: int) -> dict:
+    """``fault`` once the switches' ``progress_stat`` grew by ``moment`` of a push's
+    ``progress`` (None: before the push starts)."""
     topo = state.topo()
     if fault == "switch killed":
         switch = topo.switch_at(0, topo.n ** (topo.k - 1) - 1)
@@ -205,7 +213,8 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
         (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
     else:
         (running, grads) = bcube_push(state, schedule, size, tmp, 4, start=True)
-        wait_for_progress(state, int(contributions * moment), running=running)
+        wait_for_progress(state, int(progress * moment), running=running,
+                          stat=progress_stat(schedule))
         failed = inject()
     results = wait_pushes(running, 200)
     ok = all(r.returncode == 0 and check_sum(np.load(r.output), grads)[2] for r in results)
@@ -225,7 +234,7 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
                 "gst_degraded": gst, "vs_no_fault": gst / baseline, "predicted": predicted,
                 "vs_predicted": gst / predicted}
     else:
-        print("\n".join(r.stderr[-600:] for r in results))
+        print("\n".join(r.stderr[-600:] for r in results if r.stderr.strip()))
     if fault == "switch killed":
         net.restore_switch(state, where)
     else:
@@ -246,22 +255,25 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
     return row
 
 
-def replan_table(rate: str, size: int, tmp: Path) -> list[dict]:
+def replan_table(rate: str, size: int, tmp: Path, schedules: list[str]) -> list[dict]:
     rows = []
     for spec, schedule in REPLAN_CASES:
+        if schedule not in schedules:
+            continue
         net.down(REPLAN_NAME)
         state = net.up(REPLAN_NAME, spec, shaping=Shaping(rate, None, 0.0, 0.0))
         try:
             Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, schedule)
             bcube_push(state, schedule, size, tmp, 1)  # warm-up (first-run costs)
-            before = aggregated(state)
+            stat = progress_stat(schedule)
+            before = switch_total(state, stat)
             baseline, ok, _ = bcube_push(state, schedule, size, tmp, 2)
-            contributions = aggregated(state) - before
-            print(f"  {spec} {schedule}: no-fault GST {baseline:.2f} s, {contributions} "
-                  f"contributions{'' if ok else ' (WRONG sums)'}", flush=True)
+            progress = switch_total(state, stat) - before
+            print(f"  {spec} {schedule}: no-fault GST {baseline:.2f} s, {progress} "
+                  f"{stat}{'' if ok else ' (WRONG sums)'}", flush=True)
             for fault, moment in REPLAN_FAULTS:
                 rows.append(replan_row(state, schedule, fault, size, tmp, baseline, rate,
-                                       moment, contributions) | {"no_fault": baseline})
+                                       moment, progress) | {"no_fault": baseline})
         finally:
             net.down(REPLAN_NAME)
     return rows
@@ -324,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bcube-size", type=parse_size, default=parse_size("256K"))
     parser.add_argument("--skip-replans", action="store_true")
     parser.add_argument("--only-replans", action="store_true")
+    parser.add_argument("--schedules", nargs="+", default=[s for _t, s in REPLAN_CASES],
+                        choices=[s for _t, s in REPLAN_CASES], help="of the re-planning runs")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     loss_rows: list[dict] = []
@@ -352,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.skip_replans or args.skip_faults):
             print(f"re-planned around a failed switch or link ({args.bcube_rate} links, "
                   f"{args.bcube_size} floats):")
-            replan_rows = replan_table(args.bcube_rate, args.bcube_size, Path(tmp))
+            replan_rows = replan_table(args.bcube_rate, args.bcube_size, Path(tmp),
+                                       args.schedules)
     text = markdown(loss_rows, fault_rows, args.rate, args.size, replan_rows, args.bcube_rate,
                     args.bcube_size)
     print(text)

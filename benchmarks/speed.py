@@ -61,7 +61,9 @@ def measure(state, scheme: str, workers: int, size: int, tmp: Path, extra: list[
     host_cpu = sum(r.get("cpu_seconds", 0.0) for r in run.reports)
     return {"gst": run.gst, "correct": run.correct, "host_cpu_per_gb": host_cpu / gigabytes,
             "switch_cpu_per_gb": switch_cpu / gigabytes,
-            "schedule": run.reports[0].get("schedule", scheme)}
+            "schedule": run.reports[0].get("schedule", scheme),
+            "resent": sum(r.get("retransmissions", 0) for r in run.reports),
+            "probes": sum(r.get("probes", 0) for r in run.reports)}
 
 
 def star_rows(args, sizes: list[int], tmp: Path) -> list[dict]:
@@ -92,7 +94,8 @@ def star_rows(args, sizes: list[int], tmp: Path) -> list[dict]:
                 print(f"in-network  star:{args.workers} {size:>8} floats, {lanes:>4} lanes: "
                       f"GST {bml['gst']:.3f} s"
                       + (f" = {row['ratio']:.2f} x gloo" if ring else "")
-                      + f", correct={bml['correct']}", flush=True)
+                      + f", {bml['resent']} re-sent, {bml['probes']} probes,"
+                      f" correct={bml['correct']}", flush=True)
         finally:
             net.down(name)
     return rows

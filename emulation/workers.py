@@ -95,25 +95,29 @@ def wait_pushes(processes: list[tuple[Path, subprocess.Popen]],
     return results
 
 
-def aggregated(state) -> int:
-    """Contributions the emulation's switches have added so far (read over P4Runtime)."""
+def switch_total(state, stat: str = "aggregated") -> int:
+    """One stat of ``bml.protocol.Stat`` summed over the emulation's switches (read over
+    P4Runtime): ``aggregated``, the contributions added; ``forwarded``, the packets routed
+    host to host (the host-based schedule's streams)."""
     switches = Fabric.load(state.run_dir / "fabric.json").addresses()
-    return sum(read_counters(name, address, device_id)["aggregated"]
+    return sum(read_counters(name, address, device_id)[stat]
                for name, (address, device_id) in switches.items())
 
 
-def wait_for_progress(state, contributions: int, timeout: float = 60.0,
-                      running: list[tuple[Path, subprocess.Popen]] | None = None) -> None:
-    """Until the switches have added ``contributions`` more (a push is under way): where a
+def wait_for_progress(state, amount: int, timeout: float = 60.0,
+                      running: list[tuple[Path, subprocess.Popen]] | None = None,
+                      stat: str = "aggregated") -> None:
+    """Until the switches' ``stat`` has grown by ``amount`` (a push is under way): where a
     fault test or benchmark injects its fault. ``running`` (from ``start_pushes``): if one of
     them ends first, or the time is up, they are stopped and the error says what they said."""
-    start = aggregated(state)
+    start = switch_total(state, stat)
     deadline = time.monotonic() + timeout
-    while aggregated(state) - start < contributions:
+    while switch_total(state, stat) - start < amount:
         ended = any(process.poll() is not None for _output, process in running or ())
         if ended or time.monotonic() > deadline:
             said = "".join(f"\n  push {i}: exit {r.returncode}: {r.stderr.strip()[-400:]}"
                            for i, r in enumerate(wait_pushes(running, 5.0) if running else ()))
             why = "a push ended" if ended else f"no progress within {timeout:g} s"
-            raise RuntimeError(f"{why} before {contributions} contributions were added{said}")
+            raise RuntimeError(f"{why} before the switches' {stat} count grew by {amount}"
+                               f"{said}")
         time.sleep(0.1)

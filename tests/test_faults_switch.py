@@ -110,12 +110,14 @@ def replanned(results, cause: str, switch: str, servers: str) -> None:
 
 def fault_mid_push(state, job: int, schedule: str, tmp_path, inject, size: int = 1 << 20):
     """Pushes by every server on every NIC; ``inject`` once a few thousand contributions are
-    in. Returns (results, gradients)."""
+    in (host-based, where the switches add none: packets routed). Returns (results,
+    gradients)."""
     servers = state.topo().num_servers
     grads = gradients(servers, size, 31)
     running = start_pushes(state, job, pushes(grads, None), tmp_path, servers,
                            ["--timeout", str(TIMEOUT), "--schedule", schedule])
-    wait_for_progress(state, 3000, running=running)
+    wait_for_progress(state, 3000, running=running,
+                      stat="forwarded" if schedule == "host-based" else "aggregated")
     inject()
     return wait_pushes(running, TIMEOUT + 30), grads
 
@@ -154,5 +156,26 @@ def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
         net.restore_link(state, "h4", "eth0")
         grads = gradients(9, 100_003, 33)
         results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 9)
+        assert_correct(results, grads)
+        assert all("replans" not in r.stdout for r in results)
+
+
+def test_bcube_switch_killed_under_host_based_bml_is_replanned_and_used_again(tmp_path):
+    """bcube:2,2 host-based, where the switches only route the hosts' streams: level-0
+    switch s0_1 (servers 2 and 3) is killed mid-push. Its NICs see no answers to wait for,
+    only streams that stop: the switch watch asks once they pause, every worker re-plans
+    (level 0 of that group over detours) and sums right, and after the restore the next push
+    goes through the switch again. Links at 5 Mbit/s, so that the push outlasts the
+    detection."""
+    with emulation("trh", "bcube:2,2", shaping=Shaping(rate="5mbit")) as state:
+        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "host-based")
+        results, grads = fault_mid_push(state, JOB, "host-based", tmp_path,
+                                        lambda: net.fail_switch(state, "s0_1"), size=1 << 20)
+        replanned(results, "switch s0_1 (10.1.255.2, level 0)", "s0_1", "2, 3")
+        assert_correct(results, grads)
+        net.restore_switch(state, "s0_1")
+        wait_until_provisioned(state, JOB, servers=4)
+        grads = gradients(4, 100_003, 34)
+        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4)
         assert_correct(results, grads)
         assert all("replans" not in r.stdout for r in results)
