@@ -29,15 +29,18 @@ RTO_SAMPLES = 64  # answer times the timeout is estimated from
 RTO_QUANTILE = 0.5  # the quantile of those that is an answer's time without loss
 RTO_QUANTILES = 2.0  # the timeout, in that quantile
 RTO_INITIAL = 0.05  # s, before any answer
-# The least timeout. Mid-call the loaded median is far above it; it binds where answers come
-# in a round trip of an idle link: a call's tail, where the last slots' uses go one at a time
-# and each loss among them costs a timeout (at 500K floats and 5% loss on 20 Mbit/s links,
-# 20 ms gave 0.72 of the lossless goodput over six seeds in the simulator, 5 ms 0.77; the
-# first recovery is a header-only probe, so a timeout that a loaded host's scheduling
-# outlasts costs little).
-RTO_FLOOR = 0.005
-# Timer scans (``overdue`` walks every slot of every window) at most this often: half the
-# least timeout, but not oftener, as on fast links each scan costs CPU the data path needs.
+# The least timeout, and the least where few of a window's frames are presumed in its link's
+# queue (at most TAIL_FRAMES of the frames in flight): a call's tail, where the last slots'
+# uses go one at a time over an idle link and each loss among them costs a timeout (star:4,
+# 500K floats, 5% loss, 20 Mbit/s: 0.72 of the lossless goodput with 20 ms there, 0.77 with
+# 5 ms in the simulator). Not with a queue of frames: a software switch that a loaded host
+# deschedules for 20 ms pauses every answer, and with the 5 ms floor mid-call a worker took
+# that for a stall and probed every slot, which loaded the switch more (star:4, 4M floats,
+# no loss: 17-18 s instead of 10, one worker probing all 65,536 uses).
+RTO_FLOOR = 0.02
+TAIL_RTO_FLOOR = 0.005
+TAIL_FRAMES = 1 / 8
+# Timer scans (``overdue`` walks every slot of every window) at most this often.
 SCAN_LEAST = 0.005
 
 RETX_PER_ANSWER = 0.5  # re-send budget a NIC earns per answered slot
@@ -166,7 +169,7 @@ class NicState:
 
 def scan_interval(nics: list[NicState]) -> float:
     """Until a call's next timer scan (re-sends, the switch watch)."""
-    return max(SCAN_LEAST, min(nic.rto.value for nic in nics) / 2)
+    return max(SCAN_LEAST, min(max(TAIL_RTO_FLOOR, nic.rto.base) for nic in nics) / 2)
 
 
 def switch_down(nic: NicState, now: float, ask: Callable[[], None],
@@ -339,11 +342,13 @@ class SlotWindow:
         PENDING ``PENDING_FALLBACK`` timeouts after that answer, doubling (up to 8 times) from
         its ``PENDING_PATIENCE``-th. ``draining``: ``self.draining()``, which the caller has."""
         rto = self.nic.rto
-        base, cap = rto.value, rto.cap
+        cap, estimate = rto.cap, rto.base
         if draining and rto.samples:
             # The window's end: nothing new joins the queues, so an answer takes what the
             # quickest ones took, not the loaded median the timeout follows mid-call.
-            base = min(base, max(rto.floor, RTO_QUANTILES * min(rto.samples)))
+            estimate = min(estimate, RTO_QUANTILES * min(rto.samples))
+        floor = TAIL_RTO_FLOOR if len(self.sends) <= self.in_flight * TAIL_FRAMES else rto.floor
+        base = min(cap, max(floor, estimate))
         pending, retries, last_sent = self.pending, self.retries, self.last_sent
         answered_sent = self.answered_sent
         silence = base if draining else base * MID_CALL_STALL
