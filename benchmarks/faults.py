@@ -233,8 +233,8 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
                 "recovery": max(float(r.figure("resumed_at")) for r in replanned) - failed,
                 "gst_degraded": gst, "vs_no_fault": gst / baseline, "predicted": predicted,
                 "vs_predicted": gst / predicted}
-    else:
-        print("\n".join(r.stderr[-600:] for r in results if r.stderr.strip()))
+    elif said := [r.stderr[-600:] for r in results if r.stderr.strip()]:
+        print("\n".join(said))
     if fault == "switch killed":
         net.restore_switch(state, where)
     else:
