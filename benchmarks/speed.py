@@ -4,7 +4,8 @@ The same namespaces and veths, links left fast (tbf at 10 Gbit/s): star:N with t
 each lane width (64: the Tofino-class build; the widest a 9000-byte frame holds), the
 in-network allreduce beside gloo's ring allreduce on the same servers, every size; with
 ``--bcube``, the planner's schedule on bcube:n,k beside gloo's ring over a star of as many
-servers. Each row prints its GST, its ratio to gloo's in the same run, and the CPU seconds
+servers. Each scheme makes ``--repeat`` timed calls after its warm-up; each row prints the
+median GST, its ratio to gloo's in the same run, and the CPU seconds
 per GB of gradient of the hosts (the workers' processes) and of the switches (their
 processes). Results go to ``results/speed.md`` and ``.json``.
 """
@@ -47,16 +48,17 @@ def switch_pids(state) -> list[int]:
 
 
 def measure(state, scheme: str, workers: int, size: int, tmp: Path, extra: list[str],
-            lanes: int) -> dict:
+            lanes: int, repeat: int) -> dict:
     """One timed allreduce of ``size`` floats per worker (after a warm-up that is also a
     barrier): GST, correctness, and CPU seconds per GB of gradient (4 bytes x size x workers)
     of the workers and of the switches, over the timed call."""
     switches = switch_pids(state)
     before = process_cpu(switches)
-    run = run_workers(state, scheme, workers, size, tmp, extra,
+    run = run_workers(state, scheme, workers, size, tmp, [*extra, "--repeat", str(repeat)],
                       check=(lambda total, grads: check_sum(total, grads, lanes)[2])
                       if scheme == "bml" else float_check)
-    switch_cpu = process_cpu(switches) - before  # includes the warm-up: an upper bound
+    # Per call; the warm-up's share included: an upper bound.
+    switch_cpu = (process_cpu(switches) - before) / repeat
     gigabytes = 4 * size * workers / 1e9
     host_cpu = sum(r.get("cpu_seconds", 0.0) for r in run.reports)
     return {"gst": run.gst, "correct": run.correct, "host_cpu_per_gb": host_cpu / gigabytes,
@@ -79,13 +81,14 @@ def star_rows(args, sizes: list[int], tmp: Path) -> list[dict]:
             if args.gloo and not gloo:  # the same namespaces and veths for every width
                 for size in sizes:
                     gloo[size] = measure(state, "ring", args.workers, size, tmp,
-                                         ["--master", state.topo().nics(0)[0].ip], lanes)
+                                         ["--master", state.topo().nics(0)[0].ip], lanes,
+                                         args.repeat)
                     print(f"gloo ring   star:{args.workers} {size:>8} floats: GST "
                           f"{gloo[size]['gst']:.3f} s", flush=True)
             for size in sizes:
                 time.sleep(0.5)
                 bml = measure(state, "bml", args.workers, size, tmp,
-                              ["--lanes", str(lanes)], lanes)
+                              ["--lanes", str(lanes)], lanes, args.repeat)
                 ring = gloo.get(size)
                 row = {"topo": f"star:{args.workers}", "lanes": lanes, "elements": size,
                        "bml": bml, "gloo": ring,
@@ -112,7 +115,8 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
         state = net.up(args.name, f"star:{servers}", "soft", Shaping(rate=args.rate))
         try:
             ring = measure(state, "ring", servers, size, tmp,
-                           ["--master", state.topo().nics(0)[0].ip], DEFAULT_LANES)
+                           ["--master", state.topo().nics(0)[0].ip], DEFAULT_LANES,
+                           args.repeat)
             print(f"gloo ring   star:{servers} {size:>8} floats: GST {ring['gst']:.3f} s",
                   flush=True)
         finally:
@@ -122,7 +126,8 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
     state = net.up(args.name, args.bcube, "soft", Shaping(rate=args.rate), lanes=lanes)
     try:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(1)
-        bml = measure(state, "bml", servers, size, tmp, ["--lanes", str(lanes)], lanes)
+        bml = measure(state, "bml", servers, size, tmp, ["--lanes", str(lanes)], lanes,
+                      args.repeat)
     finally:
         net.down(args.name)
     row = {"topo": args.bcube, "lanes": lanes, "elements": size, "bml": bml, "gloo": ring,
@@ -133,8 +138,9 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
     return [row]
 
 
-def write_results(rows: list[dict], rate: str) -> None:
-    lines = [f"Links: tbf at {rate} each way; GST = the slowest worker's timed call. CPU: "
+def write_results(rows: list[dict], rate: str, repeat: int) -> None:
+    lines = [f"Links: tbf at {rate} each way; GST = the median over {repeat} timed calls of "
+             "the slowest worker's time. CPU: "
              "seconds per GB of gradient (4 bytes x floats x workers).", "",
              "| topology | lanes | floats | schedule | GST s | gloo GST s | vs gloo | "
              "host CPU s/GB | switch CPU s/GB | gloo CPU s/GB | correct |",
@@ -168,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bcube", help="also the planner's schedule on this BCube (e.g. "
                         "bcube:3,2) against gloo over a star of as many servers")
     parser.add_argument("--name", default="speed")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="timed calls per scheme and size; GST is their median (single "
+                        "calls on this VM vary by a third)")
     args = parser.parse_args(argv)
     rate_bits(args.rate)  # refuses a bad rate before anything is built
     args.gloo = have_torch()
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = star_rows(args, args.sizes, Path(tmp))
         if args.bcube:
             rows += bcube_rows(args, max(args.sizes), Path(tmp))
-    write_results(rows, args.rate)
+    write_results(rows, args.rate, args.repeat)
     return 0
 
 

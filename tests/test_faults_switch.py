@@ -122,6 +122,15 @@ def fault_mid_push(state, job: int, schedule: str, tmp_path, inject, size: int =
     return wait_pushes(running, TIMEOUT + 30), grads
 
 
+def used_again(state, tmp_path, servers: int, seed: int) -> None:
+    """After the repair, a push by every server sums right on the whole plan: the repaired
+    part is used again (no re-planning)."""
+    grads = gradients(servers, 100_003, seed)
+    results = run_pushes(state, JOB, pushes(grads, None), tmp_path, servers)
+    assert_correct(results, grads)
+    assert all("replans" not in r.stdout for r in results)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, tmp_path):
     """bcube:2,2 in-network: level-1 switch s1_0 (servers 0 and 2) is killed mid-push."""
@@ -135,10 +144,7 @@ def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, t
         assert_correct(results, grads)
         net.restore_switch(state, "s1_0")
         wait_until_provisioned(state, JOB, servers=4)
-        grads = gradients(4, 100_003, 32)
-        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4)
-        assert_correct(results, grads)
-        assert all("replans" not in r.stdout for r in results)  # the switch is back in use
+        used_again(state, tmp_path, 4, 32)
 
 
 def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
@@ -154,10 +160,7 @@ def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
                   "3, 4, 5")
         assert_correct(results, grads)
         net.restore_link(state, "h4", "eth0")
-        grads = gradients(9, 100_003, 33)
-        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 9)
-        assert_correct(results, grads)
-        assert all("replans" not in r.stdout for r in results)
+        used_again(state, tmp_path, 9, 33)
 
 
 def test_bcube_switch_killed_under_host_based_bml_is_replanned_and_used_again(tmp_path):
@@ -175,7 +178,4 @@ def test_bcube_switch_killed_under_host_based_bml_is_replanned_and_used_again(tm
         assert_correct(results, grads)
         net.restore_switch(state, "s0_1")
         wait_until_provisioned(state, JOB, servers=4)
-        grads = gradients(4, 100_003, 34)
-        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4)
-        assert_correct(results, grads)
-        assert all("replans" not in r.stdout for r in results)
+        used_again(state, tmp_path, 4, 34)
