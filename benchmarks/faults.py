@@ -50,6 +50,7 @@ from emulation import net
 from emulation.netns import Shaping, rate_bits
 from emulation.workers import (
     Push,
+    progress_stat,
     run_pushes,
     start_pushes,
     switch_total,
@@ -181,12 +182,6 @@ def bcube_push(state, schedule: str, size: int, tmp: Path, seed: int, start: boo
     ok = all(r.returncode == 0 and check_sum(np.load(r.output), grads)[2] for r in results)
     gst = max(float(r.figure("seconds")) for r in results) if ok else float("nan")
     return gst, ok, results
-
-
-def progress_stat(schedule: str) -> str:
-    """What a push's progress is counted in: the contributions the switches add, or where
-    they add none (host-based) the packets they route."""
-    return "forwarded" if schedule == HOST_BASED else "aggregated"
 
 
 def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline: float,

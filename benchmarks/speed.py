@@ -49,9 +49,9 @@ def switch_pids(state) -> list[int]:
 
 def measure(state, scheme: str, workers: int, size: int, tmp: Path, extra: list[str],
             lanes: int, repeat: int) -> dict:
-    """One timed allreduce of ``size`` floats per worker (after a warm-up that is also a
-    barrier): GST, correctness, and CPU seconds per GB of gradient (4 bytes x size x workers)
-    of the workers and of the switches, over the timed call."""
+    """``repeat`` timed allreduces of ``size`` floats per worker (after a warm-up that is
+    also a barrier): the median GST, correctness, and CPU seconds per GB of gradient (4 bytes
+    x size x workers) of the workers and of the switches, per call."""
     switches = switch_pids(state)
     before = process_cpu(switches)
     run = run_workers(state, scheme, workers, size, tmp, [*extra, "--repeat", str(repeat)],

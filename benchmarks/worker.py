@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interface", help="bml: this one NIC and its switch (a job on one "
                         "level, hosts/transport.py)")
     parser.add_argument("--repeat", type=int, default=1, help="timed calls, one after the "
-                        "other (the report has each one's seconds; CPU is per call)")
+                        "other (the report has each one's seconds; CPU is per call, NIC "
+                        "bytes are over all of them)")
     args = parser.parse_args(argv)
     is_worker = args.rank < args.world
     grad = gradient(args.size, args.rank) if is_worker else None

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from bml.paths import REPO_ROOT
+from bml.schedule import HOST_BASED
 from control_plane.fabric import Fabric
 from control_plane.status import read_counters
 
@@ -102,6 +103,12 @@ def switch_total(state, stat: str = "aggregated") -> int:
     switches = Fabric.load(state.run_dir / "fabric.json").addresses()
     return sum(read_counters(name, address, device_id)[stat]
                for name, (address, device_id) in switches.items())
+
+
+def progress_stat(schedule: str) -> str:
+    """The switch stat a push's progress shows in: the contributions the switches add, or
+    where they add none (host-based) the packets they route."""
+    return "forwarded" if schedule == HOST_BASED else "aggregated"
 
 
 def wait_for_progress(state, amount: int, timeout: float = 60.0,

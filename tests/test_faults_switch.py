@@ -17,7 +17,13 @@ import pytest
 from control_plane.fabric import Fabric
 from emulation import net
 from emulation.netns import Shaping
-from emulation.workers import run_pushes, start_pushes, wait_for_progress, wait_pushes
+from emulation.workers import (
+    progress_stat,
+    run_pushes,
+    start_pushes,
+    wait_for_progress,
+    wait_pushes,
+)
 from tests.conftest import NETNS_REASON, emulation
 from tests.test_faults_control import TARGETS
 from tests.test_faults_worker import assert_correct, gradients, pushes
@@ -116,8 +122,7 @@ def fault_mid_push(state, job: int, schedule: str, tmp_path, inject, size: int =
     grads = gradients(servers, size, 31)
     running = start_pushes(state, job, pushes(grads, None), tmp_path, servers,
                            ["--timeout", str(TIMEOUT), "--schedule", schedule])
-    wait_for_progress(state, 3000, running=running,
-                      stat="forwarded" if schedule == "host-based" else "aggregated")
+    wait_for_progress(state, 3000, running=running, stat=progress_stat(schedule))
     inject()
     return wait_pushes(running, TIMEOUT + 30), grads
 
