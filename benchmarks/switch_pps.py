@@ -9,8 +9,9 @@ the run), and values aggregated per second (that times the width).
 
 Targets, all in one run, same traffic:
 
-* the software target's pipeline alone, in-process (``Pipeline.process`` in a loop: the
-  ceiling of the Python data path, no I/O);
+* the software target's pipeline alone, in-process, no I/O: frame by frame
+  (``Pipeline.process`` in a loop) and in the batches a port brings (``process_batch`` of
+  each worker's frames, up to 64 at a time, as the switch process runs it);
 * the software target as a process on real veths (``bml-switch``, batched I/O: recvmmsg /
   sendmmsg), and at 64 lanes the same switch unbatched (``BML_BATCHED_IO=0``: a system call
   per frame) -- the baseline every ratio is taken against;
@@ -23,7 +24,7 @@ width the software pipeline or p4src/build does not have (yet) is skipped with t
 printed. Prints a table and writes results/switch_pps.{md,json}.
 
     python -m benchmarks.switch_pps [--seconds 4] [--workers 2 4 8] [--lanes 64 256 2208]
-        [--targets pipeline soft-unbatched soft bmv2 bmv2-opt]
+        [--targets pipeline pipeline-batched soft-unbatched soft bmv2 bmv2-opt]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from emulation.testbed import SwitchTestbed, have_netns
+from soft_target.switch import PORT_BATCH
 
 RESULTS = Path("results")
 JOB = 1
@@ -52,6 +54,7 @@ USES = 4  # frames are built for 4 uses of a slot, whose offsets differ (see ``b
 BASELINE = "software target, unbatched"
 TARGETS = {  # --targets name -> (label, kind, binary variable, default binary)
     "pipeline": ("software pipeline, in-process", "pipeline", None, None),
+    "pipeline-batched": ("software pipeline, in-process, batches", "pipeline", None, None),
     "soft-unbatched": (BASELINE, "soft", None, None),
     "soft": ("software target, batched", "soft", None, None),
     "bmv2": ("BMv2 (default build)", "bmv2", "BMV2_SWITCH",
@@ -113,8 +116,9 @@ def build_frames(ports: list[int], lanes: int) -> list[list[list[bytes]]]:
               for w, p in enumerate(ports)] for use in range(USES)] for s in range(WINDOW)]
 
 
-def measure_pipeline(lanes: int, workers: int, seconds: float) -> dict:
-    """The pipeline alone: every slot's contributions through ``Pipeline.process``, in turn."""
+def measure_pipeline(lanes: int, workers: int, seconds: float, batched: bool = False) -> dict:
+    """The pipeline alone: each worker's contributions to every slot in turn, through
+    ``Pipeline.process`` (or ``batched``: ``process_batch``, up to a port's batch at a time)."""
     from control_plane.p4info import built_p4info
     from control_plane.session import SwitchSession
     from soft_target.defines import STAT_AGGREGATED
@@ -133,16 +137,20 @@ def measure_pipeline(lanes: int, workers: int, seconds: float) -> dict:
     finally:
         server.stop(0)
     frames = build_frames(ports, lanes)
-    process = pipeline.process
+    batch = PORT_BATCH if batched else 1
+    batches = [[[(port, frames[slot][use][w] if batch == 1 else
+                  [frames[s][use][w] for s in range(slot, min(slot + batch, WINDOW))])
+                 for slot in range(0, WINDOW, batch)] for w, port in enumerate(ports)]
+               for use in range(USES)]
+    process = pipeline.process_batch if batched else pipeline.process
     before = pipeline.stats[STAT_AGGREGATED]
     start = time.perf_counter()
     end = start + seconds
     uses = 0
     while time.perf_counter() < end:
-        use = uses % USES
-        for slot in range(WINDOW):
-            for port, frame in zip(ports, frames[slot][use], strict=True):
-                process(port, frame)
+        for worker_batches in batches[uses % USES]:
+            for port, what in worker_batches:
+                process(port, what)
         uses += 1
     elapsed = time.perf_counter() - start
     aggregated = pipeline.stats[STAT_AGGREGATED] - before
@@ -253,7 +261,7 @@ def targets(wanted: list[str]) -> list[tuple[str, str, str | None]]:
 def run_one(label: str, kind: str, binary: str | None, workers: int, lanes: int,
             seconds: float, log_dir: Path) -> dict:
     if kind == "pipeline":
-        return measure_pipeline(lanes, workers, seconds)
+        return measure_pipeline(lanes, workers, seconds, batched=label != TARGETS["pipeline"][0])
     # The switch process inherits the environment; the generator keeps batched I/O.
     saved = os.environ.get("BML_BATCHED_IO")
     if label == BASELINE:

@@ -150,6 +150,7 @@ def _bytes_data_offset() -> int | None:
 
 
 _LIBC = _load_libc()
+BATCHED_IO = _LIBC is not None  # False: the unbatched baseline (or no such libc here)
 BATCHED = _LIBC is not None  # whether recvmmsg/sendmmsg are used (else one call per frame)
 _BYTES_DATA = _bytes_data_offset() if BATCHED else None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from bml.protocol import CPU_PORT, Wire
 from control_plane.p4info import Names
 from soft_target.defines import (
@@ -83,6 +85,7 @@ class Admission:
         ipv4_len, udp_len = full_lengths(wire)
         self.ipv4_len_full = ipv4_len.to_bytes(2, "big")
         self.udp_len_full = udp_len.to_bytes(2, "big")
+        self.lengths_full = ipv4_len, udp_len
 
     def apply(self, tables: AdmissionTables, port: int, frame: bytes, from_controller: bool,
               ptype: int, version: int, job_id: int, worker_id: int, slot: int,
@@ -129,3 +132,31 @@ class Admission:
                 drops[DROP_WRONG_PORT] += 1
                 return None
         return job
+
+    def batch_contributions(self, tables: AdmissionTables, port: int, headers: np.ndarray,
+                            lengths: np.ndarray, bml: np.ndarray
+                            ) -> tuple[np.ndarray, int, JobConfig | None]:
+        """Which frames of a batch from ``port`` (not the CPU port) ``apply`` admits as DATA
+        contributions of one job, the first such frame's: (mask, job id, its config). Those
+        pass every check above (none is counted); the caller sends the rest through
+        ``apply`` one by one. ``headers`` are ``parser.batch_headers``, ``bml`` their
+        ``batch_is_bml``, ``lengths`` the frames' lengths."""
+        ipv4_len, udp_len = self.lengths_full
+        mask = (bml & (lengths == self.full_end) & (headers["type"] == TYPE_DATA)
+                & (headers["version"] <= 1) & (headers["count"] == self.blocks)
+                & (headers["ipv4_len"] == ipv4_len) & (headers["udp_len"] == udp_len))
+        candidates = np.flatnonzero(mask)
+        if not candidates.size:
+            return mask, 0, None
+        job_ids = headers["job_id"]
+        job_id = int(job_ids[candidates[0]])
+        job = tables.job_config.get(job_id)
+        if job is None:
+            return np.zeros_like(mask), job_id, None
+        mask &= (job_ids == job_id) & (headers["slot"] < job.pool_size)
+        workers = headers["worker_id"]
+        admission = tables.worker_admission
+        for worker in set(workers[mask].tolist()):
+            if admission.get((job_id, worker)) != port:
+                mask &= workers != worker
+        return mask, job_id, job

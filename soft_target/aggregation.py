@@ -42,6 +42,8 @@ JOB_IDS = 4096  # one generation register per job id
 _BE_VALUES = np.dtype(">i4")
 # ResultRouting.apply: what aggregation does not consume goes on to result routing (bml.p4).
 Route = Callable[..., list[tuple[int, bytes]]]
+# ResultRouting.apply_results: the RESULTs a run of contributions completed, all at once.
+RouteResults = Callable[..., list[list[tuple[int, bytes]]]]
 
 
 class Aggregation:
@@ -49,10 +51,12 @@ class Aggregation:
     called here, where the outcome is known, rather than returned to the pipeline, so that no
     object is built per packet to carry it."""
 
-    def __init__(self, stats: list[int], drops: list[int], route: Route, wire: Wire) -> None:
+    def __init__(self, stats: list[int], drops: list[int], route: Route,
+                 route_results: RouteResults, wire: Wire) -> None:
         self.stats = stats
         self.drops = drops
         self.route = route
+        self.route_results = route_results
         self.lanes = wire.lanes
         self.blocks = wire.blocks  # LANE_BLOCKS: what a GENERATION answer's count says
         self.full_end = wire.frame_bytes
@@ -162,6 +166,95 @@ class Aggregation:
         stats[STAT_COMPLETED] += 1
         return self.route(tables, frame, port, job, TYPE_RESULT, best,
                           row.astype(_BE_VALUES).tobytes())
+
+    def apply_run(self, tables: Tables, frames: list[bytes], headers: np.ndarray,
+                  raw_headers: np.ndarray, port: int, job: JobConfig, job_id: int
+                  ) -> list[list[tuple[int, bytes]] | None]:
+        """``apply`` of a run of admitted DATA contributions of one job (``frames``, their
+        ``parser.batch_headers`` and the same bytes as a (frames, HEADER_END) uint8 array),
+        as numpy over the longest start of the run whose frames are independent of each other:
+        each into a slot of its own, all of the job's current call (a newer call changes the
+        job's generation for the frames after it). For each frame of that start, the copies
+        it leaves, or None for one the caller must send through ``apply`` (a re-send, a late
+        or stale copy: every outcome but aggregating); the caller goes on after it."""
+        generation = headers["generation"].astype(np.int64)
+        current = self.job_generation[job_id] if job_id < JOB_IDS else 0
+        version = headers["version"].astype(np.int64)
+        copy0 = ((job.pool_base + headers["slot"].astype(np.int64)) << 1) & 0xFFFFFFFF
+        worker = headers["worker_id"].astype(np.int64)
+        # Where the run stops being independent: the frame there goes through ``apply``.
+        dependent = (generation != current) | (copy0 >= POOL_COPIES) | (worker >= 32)
+        end = int(np.argmax(dependent)) if dependent.any() else len(frames)
+        seen: set[int] = set()
+        for at, pair in enumerate(copy0[:end].tolist()):
+            if pair in seen:
+                end = at
+                break
+            seen.add(pair)
+        if end < len(frames):
+            frames, headers, raw_headers = frames[:end], headers[:end], raw_headers[:end]
+            generation, version, copy0, worker = (generation[:end], version[:end],
+                                                  copy0[:end], worker[:end])
+        index = copy0 | version
+        indices = index.tolist()
+        bitmaps, contributions = self.worker_bitmap, self.contributions
+        bitmap = np.array([bitmaps[i] for i in indices], dtype=np.int64)
+        count = np.array([contributions[i] for i in indices], dtype=np.int64)
+        stored_offset = np.array([self.chunk_offset[i] for i in indices], dtype=np.int64)
+        stale_call = np.array([self.copy_generation[i] for i in indices]) != generation
+        bitmap[stale_call] = 0
+        count[stale_call] = 0
+        me = np.left_shift(1, worker)
+        offset = headers["offset"].astype(np.int64)
+        same_chunk = stored_offset == offset
+        workers = job.num_workers
+        # apply's order: a re-send of this worker's, a stale copy, a late copy; else it adds.
+        adds = ((bitmap & me) == 0) & ~((bitmap != 0) & ~same_chunk) \
+            & ~((count == workers) & same_chunk)
+        outcome: list[list[tuple[int, bytes]] | None] = [None] * len(frames)
+        at = np.flatnonzero(adds)
+        if not at.size:
+            return outcome
+        first = bitmap[at] == 0
+        count = (np.where(first, 0, count[at]) + 1) & 0xFF
+        best = np.maximum(np.where(first, 0, np.array(
+            [self.max_exponent[indices[i]] for i in at.tolist()], dtype=np.int64)),
+            headers["exponent"][at])
+        incoming = np.frombuffer(b"".join([frames[i] for i in at.tolist()]), np.uint8).reshape(
+            at.size, -1)[:, VALUES_OFF:self.full_end].view(_BE_VALUES)
+        rows = index[at]
+        sums = self.sums
+        sums[rows[first]] = incoming[first]
+        later = rows[~first]
+        sums[later] += incoming[~first]
+        mine = me[at].tolist()
+        chunk_offset, copy_generation, max_exponent = (self.chunk_offset, self.copy_generation,
+                                                       self.max_exponent)
+        for row, new_count, exponent, bit, other, is_first, chunk in zip(
+                rows.tolist(), count.tolist(), best.tolist(), mine, (index[at] ^ 1).tolist(),
+                first.tolist(), offset[at].tolist(), strict=True):
+            if is_first:
+                chunk_offset[row] = chunk
+                copy_generation[row] = current
+                bitmaps[row] = bit
+            else:
+                bitmaps[row] |= bit
+            bitmaps[other] &= ~bit & 0xFFFFFFFF
+            contributions[row] = new_count
+            max_exponent[row] = exponent
+        self.stats[STAT_AGGREGATED] += int(at.size)
+        for i in at.tolist():
+            outcome[i] = []
+        done = count == workers
+        if done.any():
+            self.stats[STAT_COMPLETED] += int(done.sum())
+            completed = at[done]
+            copies = self.route_results(tables, [frames[i] for i in completed.tolist()],
+                                        raw_headers[completed], port, job, best[done],
+                                        sums[rows[done]])
+            for i, leaving in zip(completed.tolist(), copies, strict=True):
+                outcome[i] = leaving
+        return outcome
 
     def _past_registers(self, tables: Tables, frame: bytes, port: int, job: JobConfig,
                         ptype: int, exponent: int) -> list[tuple[int, bytes]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from bml.protocol import BML_UDP_PORT, Wire
 from control_plane.p4info import Names
 from soft_target.defines import TYPE_ACK, TYPE_BROADCAST
@@ -22,6 +24,11 @@ from soft_target.parser import (
     full_lengths,
 )
 from soft_target.tables import Row, SoftTable, byte_params
+
+_VALUES = np.dtype(">i4")
+# apply_results builds frames up to this size whole in one array (fewer Python steps per
+# copy); wider ones from a header array and the values (fewer bytes copied per copy).
+WHOLE_FRAMES_UP_TO = 1500
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class EgressRewrite:
     def __init__(self, wire: Wire) -> None:
         self.unaddressed = [0]
         self.ipv4_len_full, self.udp_len_full = full_lengths(wire)
+        self.frame_bytes = wire.frame_bytes
 
     def apply(self, tables: EgressRewriteTables, frame: bytes, port: int, ptype: int,
               exponent: int, values: bytes, generation: int | None, count: int | None,
@@ -117,3 +125,68 @@ class EgressRewrite:
                 IPV4_HEAD.pack(0x45, tos, ip_len, ident, flags, 64, 17, ~total & 0xFFFF),
                 address.addresses, udp_ports, UDP_HALF.pack(udp_len, 0), body))))
         return out
+
+    def apply_results(self, tables: EgressRewriteTables, raw_headers: np.ndarray, ptype: int,
+                      exponents: np.ndarray, sums: np.ndarray, egress_ports: tuple[int, ...]
+                      ) -> list[list[tuple[int, bytes]]]:
+        """``apply`` of many full-width packets of type ``ptype`` (not BROADCAST, no owner)
+        to the same ``egress_ports``, built as one numpy array: row i of ``raw_headers`` is
+        trigger i's first HEADER_END bytes, ``exponents[i]`` and ``sums[i]`` what its copies
+        carry. Each trigger's copies, in port order, byte for byte as ``apply`` makes them."""
+        triggers = len(raw_headers)
+        host_address = tables.host_address
+        addresses = [(port, host_address[port]) for port in egress_ports
+                     if port in host_address]
+        self.unaddressed[0] += (len(egress_ports) - len(addresses)) * triggers
+        if not addresses:
+            return [[] for _ in range(triggers)]
+        ports = len(addresses)
+        # Narrow frames are built whole in one array and cut apart; wide ones as headers
+        # only, each copy then its header and its trigger's values joined (the values are
+        # copied once per copy, as ``apply`` copies them, rather than three times).
+        whole = self.frame_bytes <= WHOLE_FRAMES_UP_TO
+        out = np.empty((triggers, ports, self.frame_bytes if whole else VALUES_OFF), np.uint8)
+        for j, (_port, address) in enumerate(addresses):
+            out[:, j, :ETH] = np.frombuffer(address.ethernet, np.uint8)
+            out[:, j, ETH + 12:ETH + 20] = np.frombuffer(address.addresses, np.uint8)
+        ip_len, udp_len = self.ipv4_len_full, self.udp_len_full
+        out[:, :, ETH] = 0x45
+        out[:, :, ETH + 1:ETH + 2] = raw_headers[:, None, ETH + 1:ETH + 2]  # TOS
+        out[:, :, ETH + 2] = ip_len >> 8
+        out[:, :, ETH + 3] = ip_len & 0xFF
+        out[:, :, ETH + 4:ETH + 8] = raw_headers[:, None, ETH + 4:ETH + 8]  # id, flags
+        out[:, :, ETH + 8] = 64
+        out[:, :, ETH + 9] = 17
+        words = raw_headers[:, ETH:ETH + 8].astype(np.int64)
+        trigger_sum = (0x4500 | words[:, 1]) + (words[:, 4] << 8 | words[:, 5]) \
+            + (words[:, 6] << 8 | words[:, 7]) + 0x4011 + ip_len
+        total = trigger_sum[:, None] + np.array([a.address_sum for _, a in addresses])
+        total = (total & 0xFFFF) + (total >> 16)
+        total = (total & 0xFFFF) + (total >> 16)
+        checksum = ~total & 0xFFFF
+        out[:, :, ETH + 10] = checksum >> 8
+        out[:, :, ETH + 11] = checksum & 0xFF
+        udp = ETH + 20
+        out[:, :, udp] = BML_UDP_PORT >> 8
+        out[:, :, udp + 1] = BML_UDP_PORT & 0xFF
+        out[:, :, udp + 2:udp + 4] = raw_headers[:, None, udp:udp + 2]  # to the sender's port
+        out[:, :, udp + 4] = udp_len >> 8
+        out[:, :, udp + 5] = udp_len & 0xFF
+        out[:, :, udp + 6:udp + 8] = 0
+        out[:, :, BML_OFF:VALUES_OFF] = raw_headers[:, None, BML_OFF:VALUES_OFF]
+        out[:, :, BML_OFF] = ptype
+        out[:, :, BML_OFF + 8] = exponents[:, None]
+        port_numbers = [port for port, _ in addresses]
+        if whole:
+            out[:, :, VALUES_OFF:] = sums.astype(_VALUES).view(np.uint8)[:, None, :]
+            frames = out.tobytes()
+            size = self.frame_bytes
+            return [[(port, frames[(i * ports + j) * size:(i * ports + j + 1) * size])
+                     for j, port in enumerate(port_numbers)] for i in range(triggers)]
+        heads = memoryview(out.tobytes())
+        values = memoryview(sums.astype(_VALUES).tobytes())
+        width = len(values) // triggers
+        return [[(port, b"".join((heads[(i * ports + j) * VALUES_OFF:
+                                       (i * ports + j + 1) * VALUES_OFF],
+                                  values[i * width:(i + 1) * width])))
+                 for j, port in enumerate(port_numbers)] for i in range(triggers)]

@@ -18,7 +18,10 @@ A pipeline has one lane width, as a P4 build does (``Pipeline(lanes=...)``, one 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from bml.protocol import (
     CONTROLLER_MAGIC,
@@ -48,6 +51,8 @@ from soft_target.parser import (
     UDP,
     UDP_LEN_HEADER_ONLY,
     VALUES_OFF,
+    batch_headers,
+    batch_is_bml,
     full_lengths,
     ipv4_checksum,
     is_bml,
@@ -61,6 +66,8 @@ __all__ = [
     "TABLES", "UDP", "UDP_LEN_HEADER_ONLY", "VALUES_OFF", "HostAddress", "JobConfig",
     "Pipeline", "Tables", "full_lengths", "ipv4_checksum",
 ]
+
+BATCH_LEAST = 4  # frames below which a batch goes through ``process`` frame by frame
 
 # Every P4 table the software target serves, by P4 name: each control module declares its own.
 TABLES: dict[str, SoftTable] = {
@@ -107,9 +114,11 @@ class Pipeline:
         self.forwarding = Forwarding(self.stats, self.drops)
         self.admission = Admission(self.drops, self.wire)
         self.egress_rewrite = EgressRewrite(self.wire)
-        self.result_routing = ResultRouting(self.drops, self.egress_rewrite.apply)
+        self.result_routing = ResultRouting(self.drops, self.egress_rewrite.apply,
+                                            self.egress_rewrite.apply_results)
         self.aggregation = Aggregation(self.stats, self.drops, self.result_routing.apply,
-                                       self.wire)
+                                       self.result_routing.apply_results, self.wire)
+        self.batched = 0  # frames process_batch aggregated as numpy (the rest: process)
         self.unaddressed = self.egress_rewrite.unaddressed
         self._forward = self.forwarding.apply
         self._admit = self.admission.apply
@@ -152,3 +161,51 @@ class Pipeline:
                                frame[VALUES_OFF:self.full_end])
         return self._aggregate(tables, frame, port, job, job_id, ptype, version, worker_id,
                                slot, exponent, generation, offset)
+
+    def process_batch(self, port: int, frames: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        """``process`` of each of ``frames`` from ``port`` in turn, the copies in the same
+        order, with the same registers and counters after (tests/test_batch_pipeline.py).
+
+        What a port mostly brings, runs of one job's contributions to different slots, is
+        admitted and aggregated as numpy over the run (``Admission.batch_contributions``,
+        ``Aggregation.apply_run``, ``EgressRewrite.apply_results``): per frame, a few list
+        reads and writes instead of a pass through every control. Every other frame, and
+        each frame of a run the registers make dependent, goes through ``process`` where it
+        lies, so nothing is reordered that could change what happens."""
+        count = len(frames)
+        if port == CPU_PORT or count < BATCH_LEAST:
+            return [copy for frame in frames for copy in self.process(port, frame)]
+        tables = self.tables
+        headers = batch_headers(frames)
+        lengths = np.fromiter(map(len, frames), np.int64, count)
+        fast, job_id, job = self.admission.batch_contributions(
+            tables, port, headers, lengths, batch_is_bml(headers))
+        if job is None:
+            return [copy for frame in frames for copy in self.process(port, frame)]
+        raw = headers.view(np.uint8).reshape(count, HEADER_END)
+        out: list[tuple[int, bytes]] = []
+        process = self.process
+        start = 0
+        fast_list = fast.tolist()
+        while start < count:
+            if not fast_list[start]:
+                out += process(port, frames[start])
+                start += 1
+                continue
+            end = start + 1
+            while end < count and fast_list[end]:
+                end += 1
+            outcome = self.aggregation.apply_run(tables, frames[start:end],
+                                                 headers[start:end], raw[start:end], port,
+                                                 job, job_id)
+            for frame, copies in zip(frames[start:start + len(outcome)], outcome, strict=True):
+                if copies is None:
+                    out += process(port, frame)
+                else:
+                    self.batched += 1
+                    out += copies
+            start += len(outcome)
+            if start < end:  # the frame the run could not take with the others
+                out += process(port, frames[start])
+                start += 1
+        return out

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from control_plane.p4info import Names
 from soft_target.defines import (
     DROP_NO_OWNER,
@@ -29,6 +31,9 @@ _RESULTS = (TYPE_RESULT, TYPE_RESULT_RETX)
 _TO_SENDER = (TYPE_RESULT_RETX, TYPE_GENERATION, TYPE_PENDING, TYPE_MISSING)
 # EgressRewrite.apply, run for all of a packet's copies at once.
 Egress = Callable[..., list[tuple[int, bytes]]]
+# EgressRewrite.apply_results: the copies of many RESULTs to the same ports.
+EgressResults = Callable[..., list[list[tuple[int, bytes]]]]
+_VALUES = np.dtype(">i4")
 
 
 @dataclass
@@ -48,9 +53,11 @@ TABLES = {
 class ResultRouting:
     """``egress`` is the next stage (EgressRewrite), handed every egress port at once."""
 
-    def __init__(self, drops: list[int], egress: Egress) -> None:
+    def __init__(self, drops: list[int], egress: Egress, egress_results: EgressResults
+                 ) -> None:
         self.drops = drops
         self.egress = egress
+        self.egress_results = egress_results
 
     def apply(self, tables: Tables, frame: bytes, port: int, job: JobConfig, ptype: int,
               exponent: int, values: bytes, generation: int | None = None,
@@ -73,3 +80,16 @@ class ResultRouting:
             egress_ports = tables.mcast_groups.get(job.mcast_grp, ())
         return self.egress(tables, frame, port, ptype, exponent, values, generation, count,
                            egress_ports, owner_port)
+
+    def apply_results(self, tables: Tables, frames: list[bytes], raw_headers: np.ndarray,
+                      port: int, job: JobConfig, exponents: np.ndarray, sums: np.ndarray
+                      ) -> list[list[tuple[int, bytes]]]:
+        """``apply`` of the RESULTs that ``frames`` completed (their first HEADER_END bytes as
+        uint8 rows, each result's max exponent and int32 sums): each one's copies. To the
+        job's multicast group, all at once; to a chunk's owner, one by one."""
+        if job.result_mode == MODE_TO_OWNER:
+            return [self.apply(tables, frame, port, job, TYPE_RESULT, exponent,
+                               row.astype(_VALUES).tobytes())
+                    for frame, exponent, row in zip(frames, exponents.tolist(), sums, strict=True)]
+        return self.egress_results(tables, raw_headers, TYPE_RESULT, exponents, sums,
+                                   tables.mcast_groups.get(job.mcast_grp, ()))

@@ -3,8 +3,9 @@
 Ports are AF_PACKET sockets on real interfaces (veths), so the packets the emulation sends are
 real frames on real links. One thread owns the pipeline and runs the packet loop; gRPC threads
 hand it work through ``run_in_loop``. The hot path is plain sockets, ``struct`` and numpy, and
-frames move in batches: per wake-up, one recvmmsg per ready port (``bml.sockets``), and the
-copies the batch makes leave in one sendmmsg per egress port.
+frames move in batches: per wake-up, one recvmmsg per ready port (``bml.sockets``), the batch
+through the pipeline at once (``Pipeline.process_batch``), and the copies it makes leave in
+one sendmmsg per egress port.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ import sys
 import threading
 from collections.abc import Callable
 
-from bml.sockets import FRAME_BUFFER, QUEUE_FULL, BatchReceiver, BatchSender, force_buffers
+from bml.sockets import (
+    BATCHED_IO,
+    FRAME_BUFFER,
+    QUEUE_FULL,
+    BatchReceiver,
+    BatchSender,
+    force_buffers,
+)
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 
@@ -160,14 +168,14 @@ class SoftSwitch:
             poller.register(fd, select.EPOLLIN)
         receiver = BatchReceiver(PORT_BATCH, MAX_FRAME, _AUXDATA_SPACE)
         receive, control, space = receiver.receive, receiver.control_buffer, _AUXDATA_SPACE
-        process = self.pipeline.process
+        process = self._pipeline_batch()
         port_of_fd = self.port_of_fd
         sockets = self.sockets
         while not self.stopping.is_set():
             for fd, _ in poller.poll(0.2):
                 if fd == self.wake_r:
                     self._run_tasks()
-                    process = self.pipeline.process
+                    process = self._pipeline_batch()
                     continue
                 port = port_of_fd[fd]
                 try:
@@ -176,17 +184,28 @@ class SoftSwitch:
                     if exc.errno == errno.ENETDOWN:
                         continue
                     raise
+                if not views:
+                    continue
                 by_port: dict[int, list[bytes]] = {}
-                for index, view in enumerate(views):
-                    frame = from_control_ring(view, control, index * space)  # as on the wire
-                    for out_port, copy in process(port, frame):
-                        frames = by_port.get(out_port)
-                        if frames is None:
-                            by_port[out_port] = [copy]
-                        else:
-                            frames.append(copy)
+                for out_port, copy in process(port, [  # as on the wire
+                        from_control_ring(view, control, index * space)
+                        for index, view in enumerate(views)]):
+                    frames = by_port.get(out_port)
+                    if frames is None:
+                        by_port[out_port] = [copy]
+                    else:
+                        frames.append(copy)
                 if by_port:
                     self._send_all(by_port)
+
+    def _pipeline_batch(self) -> Callable[[int, list[bytes]], list[tuple[int, bytes]]]:
+        """The pipeline over a port's batch: as numpy (``Pipeline.process_batch``), or with
+        I/O unbatched (``BML_BATCHED_IO=0``, the benchmarks' baseline) frame by frame."""
+        pipeline = self.pipeline
+        if BATCHED_IO:
+            return pipeline.process_batch
+        return lambda port, frames: [copy for frame in frames
+                                     for copy in pipeline.process(port, frame)]
 
     def _run_tasks(self) -> None:
         try:

@@ -1,0 +1,200 @@
+"""``Pipeline.process_batch`` is ``Pipeline.process`` frame after frame: the same copies in the
+same order, the same registers and counters, whatever a batch holds. Two pipelines, configured
+alike by the control plane, take the same frames: one a frame at a time, one in the batches a
+switch port would bring. The traffic is a star's calls with what goes wrong on links mixed in
+(losses, re-sends, probes, late and stale copies, a newer call, older calls, forged and broken
+frames), and the differential test's sequence (every kind of packet) grouped by port."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from bml.frames import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    aggregation_frame,
+    host_ip,
+    host_mac,
+    probe_frame,
+    udp_frame,
+)
+from bml.protocol import CPU_PORT, PRIMING_OFFSET, PacketType, ResultMode, Stat
+from bml.topology import Switch
+from control_plane.egress_rewrite import host_address_entry
+from control_plane.jobs import AggregationGroup
+from control_plane.provision import install_group
+from tests.diffgen import generate
+from tests.diffrun import configure as configure_scenario
+from tests.kit.targets import InProcessTarget, packet_out, write_l2_default
+
+PORTS = tuple(range(1, 9))
+ADDRESSED = PORTS[:-1]  # port 8 has no host address: copies to it are counted, not sent
+STAR = AggregationGroup("dut", 41, {0: 1, 1: 2, 2: 3, 3: 4}, ResultMode.MULTICAST, 0, 32)
+# sparse worker ids (31: the bitmap's top bit), one worker behind the unaddressed port
+OWNED = AggregationGroup("dut", 42, {0: 5, 31: 6, 2: 8}, ResultMode.TO_OWNER, 32, 16)
+GROUPS = (STAR, OWNED)
+
+
+def configure_jobs(session) -> None:
+    session.push_pipeline()
+    session.write_entries([host_address_entry(p, host_mac(p), host_ip(p), SWITCH_MAC,
+                                              SWITCH_IP) for p in ADDRESSED])
+    for group in GROUPS:
+        install_group(session, Switch("dut", 0, 0, 1, PORTS), group)
+
+
+def assert_same_state(one, other) -> None:
+    a, b = one.pipeline, other.pipeline
+    assert a.stats == b.stats
+    assert a.drops == b.drops
+    assert a.unaddressed == b.unaddressed
+    for name in ("worker_bitmap", "contributions", "max_exponent", "chunk_offset",
+                 "copy_generation", "job_generation"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert np.array_equal(a.sums, b.sums)
+
+
+class Pair:
+    """Two targets configured alike: ``frame_by_frame`` takes ``process``, ``batched``
+    ``process_batch``."""
+
+    def __init__(self, configure) -> None:
+        self.frame_by_frame = InProcessTarget(configure)
+        self.batched = InProcessTarget(configure)
+
+    def send(self, port: int, frames: list[bytes]) -> None:
+        expected = [c for frame in frames for c in self.frame_by_frame.pipeline.process(port,
+                                                                                       frame)]
+        assert self.batched.pipeline.process_batch(port, frames) == expected
+
+    def close(self) -> None:
+        self.frame_by_frame.close()
+        self.batched.close()
+
+
+class StarCalls:
+    """What the star's four workers (and the owned job's three) send, use after use of every
+    slot, with faults drawn from ``rng``: each port's frames of a use as one list."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.generation = {STAR.job_id: 1, OWNED.job_id: 1}
+        self.sent: list[tuple[int, bytes]] = []  # (port, frame) sent so far: to re-send
+
+    def frame(self, group: AggregationGroup, worker: int, slot: int, use: int,
+              generation: int | None = None, ptype: int = PacketType.DATA) -> bytes:
+        rng = self.rng
+        port = group.members[worker]
+        offset = (use * group.pool_size + slot) * 64 % PRIMING_OFFSET
+        if generation is None:
+            generation = self.generation[group.job_id]
+        if ptype == PacketType.PROBE:
+            return probe_frame(port, group.job_id, worker, slot, use & 1, offset,
+                               generation=generation)
+        owner = rng.choice(list(group.members))
+        values = rng.choice([np.full(64, rng.randrange(-2**31, 2**31), np.int64),
+                             np.arange(64, dtype=np.int64) * rng.randrange(1, 2**20)])
+        return aggregation_frame(port, group.job_id, worker, slot, use & 1, offset, values,
+                                 exponent=rng.randrange(0, 256), owner=owner,
+                                 ident=rng.randrange(1 << 16), tos=rng.randrange(256),
+                                 generation=generation)
+
+    def use(self, group: AggregationGroup, use: int) -> dict[int, list[bytes]]:
+        rng = self.rng
+        if rng.random() < 0.1:  # a newer call
+            self.generation[group.job_id] = (self.generation[group.job_id] + 1) & 0xFFFF
+        by_port: dict[int, list[bytes]] = {}
+        for worker, port in group.members.items():
+            frames = []
+            for slot in range(group.pool_size):
+                if rng.random() < 0.05:
+                    continue  # lost on the link
+                frames.append(self.frame(group, worker, slot, use))
+                draw = rng.random()
+                if draw < 0.03:
+                    frames.append(frames[-1])  # re-sent
+                elif draw < 0.05:
+                    frames.append(self.frame(group, worker, slot, use, ptype=PacketType.PROBE))
+                elif draw < 0.06:
+                    frames.append(self.frame(group, worker, slot, use,
+                                             generation=self.generation[group.job_id] - 1))
+                elif draw < 0.07 and self.sent:
+                    frames.append(rng.choice(self.sent)[1])  # late, or from another port
+                elif draw < 0.08:
+                    frames.append(frames[-1][:-4])  # cut short
+                elif draw < 0.09:
+                    frames.append(udp_frame(SWITCH_MAC, host_mac(port), host_ip(port),
+                                            SWITCH_IP, 4000, 4001, b"ordinary"))
+            if rng.random() < 0.3:
+                rng.shuffle(frames)
+            self.sent += [(port, f) for f in frames[:4]]
+            by_port[port] = frames
+        return by_port
+
+
+def batches(rng: random.Random, frames: list[bytes]) -> list[list[bytes]]:
+    """``frames`` cut as recvmmsg would hand them over: up to 64 at a time."""
+    out, at = [], 0
+    while at < len(frames):
+        size = rng.choice([1, 3, 8, 17, 64, 64])
+        out.append(frames[at:at + size])
+        at += size
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_star_calls_with_faults_batched_as_frame_by_frame(seed):
+    rng = random.Random(seed)
+    pair = Pair(configure_jobs)
+    try:
+        calls = StarCalls(rng)
+        for use in range(24):
+            for group in GROUPS:
+                for port, frames in calls.use(group, use).items():
+                    for batch in batches(rng, frames):
+                        pair.send(port, batch)
+        assert_same_state(pair.frame_by_frame, pair.batched)
+        batched = pair.batched.pipeline
+        # What this test is for: most contributions took the batch path, and results left.
+        assert batched.batched > 3 * batched.stats[Stat.AGGREGATED] // 4
+        assert batched.stats[Stat.COMPLETED] > 100
+    finally:
+        pair.close()
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_differential_sequence_by_port_batched_as_frame_by_frame(seed):
+    """Every kind of packet the differential test makes, each port's frames between two
+    controller actions sent as one batch."""
+    rng = random.Random(seed)
+    pair = Pair(configure_scenario)
+    try:
+        pending: dict[int, list[bytes]] = {}
+
+        def flush() -> None:
+            for port, frames in pending.items():
+                for batch in batches(rng, frames):
+                    pair.send(port, batch)
+            pending.clear()
+
+        for event in generate(seed, 1500):
+            if event.control or event.port == CPU_PORT:
+                flush()
+                for target in (pair.frame_by_frame, pair.batched):
+                    if event.control:
+                        write_l2_default(target.session, event.l2_default)
+                    else:
+                        target.sent.clear()
+                        target.servicer._packet_out(packet_out(event))
+                assert pair.batched.sent == pair.frame_by_frame.sent
+                continue
+            pending.setdefault(event.port, []).append(event.frame)
+            if rng.random() < 0.05:
+                flush()
+        flush()
+        assert_same_state(pair.frame_by_frame, pair.batched)
+    finally:
+        pair.close()
