@@ -246,7 +246,13 @@ class SlotWindow:
         self.pending = bytearray(window)  # PENDING answers to the use in flight (up to 255)
         self.probe_next = bytearray(window)  # 1: the slot's next recovery is a PROBE
         self.open_slots = sum(1 for u in total_uses if u)
-        self.sends: deque[float] = deque()  # send times of the frames presumed in the queue
+        # The frames presumed in the queue, by their place in the order this window sent
+        # frames (a count, not a time: frames sent in one batch share the time, but not their
+        # place in the FIFO), and each slot's last emission's place (a PROBE's: after every
+        # frame sent before it).
+        self.sends: deque[int] = deque()
+        self.sent_frames = 0
+        self.place = [0] * window
         self.held: list[tuple[int, int]] = []  # heap of (sequence number, slot)
         self.answered_sent = 0.0  # the latest send time of a frame answered so far
         self.evidence_wait = 1 if in_order else OUT_OF_ORDER_WAIT
@@ -281,20 +287,27 @@ class SlotWindow:
         self.retries[slot] = 0
         self.pending[slot] = 0
         self.probe_next[slot] = 1
-        self.sends.append(now)
+        self._queued(slot)
         self.emit(frame)
 
-    def _passed(self, sent: float) -> None:
-        """A frame sent at ``sent`` was answered: frames sent up to then left the queue."""
-        sends = self.sends
-        while sends and sends[0] <= sent:
+    def _queued(self, slot: int) -> None:
+        """The slot's frame goes into the queue, behind every frame sent before it."""
+        self.sent_frames += 1
+        self.place[slot] = self.sent_frames
+        self.sends.append(self.sent_frames)
+
+    def _passed(self, slot: int) -> None:
+        """The slot's last frame or PROBE was answered: it left the queue, and so did every
+        frame sent before it."""
+        sends, place = self.sends, self.place[slot]
+        while sends and sends[0] <= place:
             sends.popleft()
 
     def on_pending(self, now: float, slot: int) -> None:
         """The switch has this worker's contribution to the slot's use in flight (the caller
         checked it is that use), and waits for others: no more re-sends of it until the
         fallback (``overdue``)."""
-        self._passed(self.last_sent[slot])
+        self._passed(slot)
         # The fallback runs from the answer. Not an answer that ends a use: it leaves
         # last_answer, so slots of this worker's that wait unanswered while the others are
         # PENDING still count as stalled.
@@ -315,7 +328,7 @@ class SlotWindow:
         if self.retries[slot] == 0:  # unambiguous: the answer is to the one send (Karn)
             self.nic.rto.sample(now - self.first_sent[slot])
             self.answered_sent = max(self.answered_sent, self.first_sent[slot])
-        self._passed(self.last_sent[slot])
+        self._passed(slot)
         if self.one_slot_first and not self.answers:
             # The first answer: every member is up now. Timers that ran while they were
             # starting restart, instead of all firing at once.
@@ -385,7 +398,7 @@ class SlotWindow:
     def on_missing(self, now: float, slot: int) -> None:
         """The switch does not hold this worker's contribution to the slot's use in flight
         (the caller checked it is that use): it was lost, so it goes again now."""
-        self._passed(self.last_sent[slot])
+        self._passed(slot)
         self.probe_next[slot] = 0
         self.resend(slot, now, "missing")
 
@@ -397,10 +410,11 @@ class SlotWindow:
         if self.probe_next[slot]:
             self.probe_next[slot] = 0
             self.counters.probes += 1
+            self.place[slot] = self.sent_frames
             self.emit(probe_of(frame))
             return
         self.probe_next[slot] = 1
-        self.sends.append(now)
+        self._queued(slot)
         self.counters.retransmissions += 1
         self.counters.resent[why] += 1
         self.emit(frame)

@@ -107,6 +107,20 @@ def test_simulated_gst_is_the_cost_models_on_the_links_it_prices(schedule):
     assert run.gst == pytest.approx(run.prediction.gst, rel=0.15)
 
 
+@pytest.mark.parametrize("topo", ["star:4", "bcube:3,2"])
+def test_wide_frames_on_fast_links_keep_the_queue_bound_and_the_models_pace(topo):
+    """At the widest build a channel keeps ~28 frames in flight (what the link's queue
+    holds). Frames a worker sends in one go share their send time, yet only the ones before
+    an answered frame have left the queue: the bound holds, nothing is tail-dropped and
+    re-sent, and a call on 10 Gbit/s links runs at the model's pace."""
+    run = simulated_gst(topo, "in-network", 1 << 20, 10e9, lanes=WIDEST_LANES)
+    assert run.correct
+    up, down = run.busiest
+    assert up == pytest.approx(run.prediction.max_up, rel=0.005)
+    assert down == pytest.approx(run.prediction.max_down, rel=0.005)
+    assert run.gst == pytest.approx(run.prediction.gst, rel=0.15)
+
+
 def test_streams_are_paced_as_the_mesh_paces_them_so_a_slow_link_drops_no_frame():
     """On slow links the mixed schedule's NICs carry the mesh's streams and the aggregation
     frames in one queue. The simulated connections keep as much unacknowledged as
