@@ -8,6 +8,9 @@ bytes each of its NICs sent and received during the timed call (sysfs counters),
     python -m benchmarks.worker SCHEME RANK WORLD SIZE OUT [--schedule S] [--servers P]
         [--master IP]
 
+With ``BML_PROFILE=DIR`` in the environment, the timed calls run under cProfile, dumped to
+``DIR/SCHEME-rankR.prof``.
+
 SCHEME: ``bml`` (hosts.api, every NIC, the job's or the given schedule), ``ps`` (baselines.ps,
 sharded, or with ``--servers`` dedicated; ranks >= WORLD are the servers), ``ring``
 (baselines.ring, gloo). The gradient of rank r is ``benchmarks.common.gradient(SIZE, r)``.
@@ -103,12 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         retrans = tcp_retransmissions()
         started, cpu_started = time.monotonic(), time.process_time()
         seconds_each = []
+        profile = os.environ.get("BML_PROFILE")  # a folder: the timed calls' cProfile there
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         for repetition in range(args.repeat):
             if repetition and args.scheme == "ring":
                 scheme.barrier()
             begun = time.monotonic()
             total = call(grad, args.size)
             seconds_each.append(time.monotonic() - begun)
+        if profile:
+            profiler.disable()
+            profiler.dump_stats(Path(profile) / f"{args.scheme}-rank{args.rank}.prof")
         seconds = seconds_each[0]
         cpu_seconds = (time.process_time() - cpu_started) / args.repeat
         if hasattr(scheme, "drain"):  # PS: its last sends may still be leaving

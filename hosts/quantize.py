@@ -68,7 +68,8 @@ def ceil_log2(n: int) -> int:
 
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
     """Biased exponent of each row of ``blocks`` (EXPONENT_NONE for an all-zero row)."""
-    peak = np.abs(blocks).max(axis=1).astype(np.float64)
+    # max |x| as the larger of max x and -min x: two passes, no array as large as ``blocks``
+    peak = np.maximum(blocks.max(axis=1), -blocks.min(axis=1)).astype(np.float64)
     _, exponent = np.frexp(peak)  # peak = m * 2**exponent, 0.5 <= m < 1, so peak < 2**exponent
     exponent = np.clip(exponent, MIN_EXPONENT, MAX_EXPONENT) + EXPONENT_BIAS
     return np.where(peak > 0, exponent, EXPONENT_NONE).astype(np.int64)
