@@ -1,9 +1,9 @@
 """``Pipeline.process_batch`` is ``Pipeline.process`` frame after frame: the same copies in the
 same order, the same registers and counters, whatever a batch holds. Two pipelines, configured
 alike by the control plane, take the same frames: one a frame at a time, one in the batches a
-switch port would bring. The traffic is a star's calls with what goes wrong on links mixed in
+switch port would bring. The traffic, at the default width and the widest, is a star's calls with what goes wrong on links mixed in
 (losses, re-sends, probes, late and stale copies, a newer call, older calls, forged and broken
-frames), and the differential test's sequence (every kind of packet) grouped by port."""
+frames); and the differential test's sequence (every kind of packet) grouped by port."""
 
 from __future__ import annotations
 
@@ -21,11 +21,24 @@ from bml.frames import (
     probe_frame,
     udp_frame,
 )
-from bml.protocol import CPU_PORT, PRIMING_OFFSET, PacketType, ResultMode, Stat
+from bml.protocol import (
+    CPU_PORT,
+    DEFAULT_LANES,
+    PRIMING_OFFSET,
+    WIDEST_LANES,
+    PacketType,
+    ResultMode,
+    Stat,
+    wire,
+)
 from bml.topology import Switch
 from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
+from control_plane.p4info import built_p4info
 from control_plane.provision import install_group
+from control_plane.session import SwitchSession
+from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
+from soft_target.pipeline import Pipeline
 from tests.diffgen import generate
 from tests.diffrun import configure as configure_scenario
 from tests.kit.targets import InProcessTarget, packet_out, write_l2_default
@@ -46,8 +59,23 @@ def configure_jobs(session) -> None:
         install_group(session, Switch("dut", 0, 0, 1, PORTS), group)
 
 
-def assert_same_state(one, other) -> None:
-    a, b = one.pipeline, other.pipeline
+def configured(lanes: int) -> Pipeline:
+    """A pipeline of ``lanes`` set up with ``GROUPS`` by the control plane, over P4Runtime."""
+    pipeline = Pipeline(lanes=lanes)
+    server, port = serve(SoftP4RuntimeServicer(pipeline, 1, lambda task: task(),
+                                               lambda copies: None), "127.0.0.1:0")
+    try:
+        session = SwitchSession("dut", f"127.0.0.1:{port}", p4info=built_p4info(lanes))
+        try:
+            configure_jobs(session)
+        finally:
+            session.close()
+    finally:
+        server.stop(0)
+    return pipeline
+
+
+def assert_same_state(a: Pipeline, b: Pipeline) -> None:
     assert a.stats == b.stats
     assert a.drops == b.drops
     assert a.unaddressed == b.unaddressed
@@ -57,30 +85,19 @@ def assert_same_state(one, other) -> None:
     assert np.array_equal(a.sums, b.sums)
 
 
-class Pair:
-    """Two targets configured alike: ``frame_by_frame`` takes ``process``, ``batched``
-    ``process_batch``."""
-
-    def __init__(self, configure) -> None:
-        self.frame_by_frame = InProcessTarget(configure)
-        self.batched = InProcessTarget(configure)
-
-    def send(self, port: int, frames: list[bytes]) -> None:
-        expected = [c for frame in frames for c in self.frame_by_frame.pipeline.process(port,
-                                                                                       frame)]
-        assert self.batched.pipeline.process_batch(port, frames) == expected
-
-    def close(self) -> None:
-        self.frame_by_frame.close()
-        self.batched.close()
+def send(frame_by_frame: Pipeline, batched: Pipeline, port: int, frames: list[bytes]) -> None:
+    """``frames`` from ``port`` into both: the same copies, in the same order."""
+    expected = [c for frame in frames for c in frame_by_frame.process(port, frame)]
+    assert batched.process_batch(port, frames) == expected
 
 
 class StarCalls:
     """What the star's four workers (and the owned job's three) send, use after use of every
     slot, with faults drawn from ``rng``: each port's frames of a use as one list."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, lanes: int) -> None:
         self.rng = rng
+        self.lanes = lanes
         self.generation = {STAR.job_id: 1, OWNED.job_id: 1}
         self.sent: list[tuple[int, bytes]] = []  # (port, frame) sent so far: to re-send
 
@@ -93,10 +110,11 @@ class StarCalls:
             generation = self.generation[group.job_id]
         if ptype == PacketType.PROBE:
             return probe_frame(port, group.job_id, worker, slot, use & 1, offset,
-                               generation=generation)
+                               generation=generation, count=wire(self.lanes).blocks)
         owner = rng.choice(list(group.members))
-        values = rng.choice([np.full(64, rng.randrange(-2**31, 2**31), np.int64),
-                             np.arange(64, dtype=np.int64) * rng.randrange(1, 2**20)])
+        lanes = self.lanes
+        values = rng.choice([np.full(lanes, rng.randrange(-2**31, 2**31), np.int64),
+                             np.arange(lanes, dtype=np.int64) * rng.randrange(1, 2**20)])
         return aggregation_frame(port, group.job_id, worker, slot, use & 1, offset, values,
                                  exponent=rng.randrange(0, 256), owner=owner,
                                  ident=rng.randrange(1 << 16), tos=rng.randrange(256),
@@ -145,24 +163,21 @@ def batches(rng: random.Random, frames: list[bytes]) -> list[list[bytes]]:
     return out
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_star_calls_with_faults_batched_as_frame_by_frame(seed):
+@pytest.mark.parametrize(("lanes", "seed"), [(DEFAULT_LANES, 1), (DEFAULT_LANES, 2),
+                                             (DEFAULT_LANES, 3), (WIDEST_LANES, 4)])
+def test_star_calls_with_faults_batched_as_frame_by_frame(lanes, seed):
     rng = random.Random(seed)
-    pair = Pair(configure_jobs)
-    try:
-        calls = StarCalls(rng)
-        for use in range(24):
-            for group in GROUPS:
-                for port, frames in calls.use(group, use).items():
-                    for batch in batches(rng, frames):
-                        pair.send(port, batch)
-        assert_same_state(pair.frame_by_frame, pair.batched)
-        batched = pair.batched.pipeline
-        # What this test is for: most contributions took the batch path, and results left.
-        assert batched.batched > 3 * batched.stats[Stat.AGGREGATED] // 4
-        assert batched.stats[Stat.COMPLETED] > 100
-    finally:
-        pair.close()
+    frame_by_frame, batched = configured(lanes), configured(lanes)
+    calls = StarCalls(rng, lanes)
+    for use in range(24 if lanes == DEFAULT_LANES else 6):
+        for group in GROUPS:
+            for port, frames in calls.use(group, use).items():
+                for batch in batches(rng, frames):
+                    send(frame_by_frame, batched, port, batch)
+    assert_same_state(frame_by_frame, batched)
+    # What this test is for: most contributions took the batch path, and results left.
+    assert batched.batched > 3 * batched.stats[Stat.AGGREGATED] // 4
+    assert batched.stats[Stat.COMPLETED] > 20
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -170,31 +185,28 @@ def test_differential_sequence_by_port_batched_as_frame_by_frame(seed):
     """Every kind of packet the differential test makes, each port's frames between two
     controller actions sent as one batch."""
     rng = random.Random(seed)
-    pair = Pair(configure_scenario)
-    try:
+    with InProcessTarget(configure_scenario) as one, InProcessTarget(configure_scenario) as other:
         pending: dict[int, list[bytes]] = {}
 
         def flush() -> None:
             for port, frames in pending.items():
                 for batch in batches(rng, frames):
-                    pair.send(port, batch)
+                    send(one.pipeline, other.pipeline, port, batch)
             pending.clear()
 
         for event in generate(seed, 1500):
             if event.control or event.port == CPU_PORT:
                 flush()
-                for target in (pair.frame_by_frame, pair.batched):
+                for target in (one, other):
                     if event.control:
                         write_l2_default(target.session, event.l2_default)
                     else:
                         target.sent.clear()
                         target.servicer._packet_out(packet_out(event))
-                assert pair.batched.sent == pair.frame_by_frame.sent
+                assert other.sent == one.sent
                 continue
             pending.setdefault(event.port, []).append(event.frame)
             if rng.random() < 0.05:
                 flush()
         flush()
-        assert_same_state(pair.frame_by_frame, pair.batched)
-    finally:
-        pair.close()
+        assert_same_state(one.pipeline, other.pipeline)
