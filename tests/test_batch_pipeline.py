@@ -1,9 +1,10 @@
 """``Pipeline.process_batch`` is ``Pipeline.process`` frame after frame: the same copies in the
 same order, the same registers and counters, whatever a batch holds. Two pipelines, configured
 alike by the control plane, take the same frames: one a frame at a time, one in the batches a
-switch port would bring. The traffic, at the default width and the widest, is a star's calls with what goes wrong on links mixed in
-(losses, re-sends, probes, late and stale copies, a newer call, older calls, forged and broken
-frames); and the differential test's sequence (every kind of packet) grouped by port."""
+switch port would bring. The traffic, at the default width and the widest, is a star's calls
+with what goes wrong on links mixed in (losses, re-sends, probes, late and stale copies, a
+newer call, older calls, forged and broken frames); and the differential test's sequence
+(every kind of packet) grouped by port."""
 
 from __future__ import annotations
 
