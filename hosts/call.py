@@ -77,6 +77,7 @@ from bml.schedule import (
     split,
     stripe_job_id,
 )
+from hosts.buffers import CallBuffers
 from hosts.errors import LengthMismatch, TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Kind, abort_reason, encode_message
@@ -213,8 +214,10 @@ class Call:
                  last_generation: int | None, now: float, window: int, timeout: float,
                  start_timeout: float, wire: Wire,
                  progress: Callable[[int, int], None] | None = None,
-                 backlog: Callable[[int], bool] | None = None) -> None:
+                 backlog: Callable[[int], bool] | None = None,
+                 buffers: CallBuffers | None = None) -> None:
         self.plan = plan
+        self.buffers = buffers or CallBuffers()
         self.topology = plan.topology
         self.schedule = plan.schedule
         self.nics = nics
@@ -431,8 +434,10 @@ class Call:
         self.phase = Phase.EXPONENTS
         self.deadline = self.now + self.timeout
         self.next_scan = self.now + 0.05
-        padded = np.zeros((self.blocks, self.wire.lanes), dtype=np.float32)
-        padded.reshape(-1)[:self.length] = self.flat
+        padded = self.buffers.get("padded", (self.blocks, self.wire.lanes), np.float32)
+        values = padded.reshape(-1)
+        values[:self.length] = self.flat
+        values[self.length:] = 0
         self.padded = padded
         self.merged = block_exponents(padded).astype(np.uint8)
         self.lengths = [self.length, self.length]
@@ -518,7 +523,9 @@ class Call:
         self.exponents = self.merged.astype(np.int64)
         self.stats.exponent_seconds = self.now - self.started
         n_total = self.topology.num_servers
-        self.acc = quantize_blocks(self.padded, self.exponents, n_total)
+        self.acc = quantize_blocks(self.padded, self.exponents, n_total,
+                                   out=self.buffers.get("sums", self.padded.shape, np.int32),
+                                   work=self.padded)
         del self.padded
         self.phase = Phase.STEPS
         self.deadline = self.started + self.timeout
@@ -585,8 +592,8 @@ class Call:
                 self.ranges[(Kind.CONTRIB, p, j)] = outgoing
                 mine = parts[self.me[dim]][1]
                 if length(mine):
-                    self.incoming[(p, j)] = np.zeros((self.blocks, self.wire.lanes),
-                                                     dtype=np.int32)
+                    self.incoming[(p, j)] = self.buffers.zeros(
+                        f"incoming {p} {j}", (self.blocks, self.wire.lanes), np.int32)
                     self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
             if self.ar_dim[p] is not None:
                 piece = self.pieces[p][-1]

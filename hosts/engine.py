@@ -25,6 +25,7 @@ from bml.schedule import (
     stream_budgets,
 )
 from bml.topology import Topology
+from hosts.buffers import CallBuffers
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
@@ -49,6 +50,7 @@ class Engine:
         self.plan = Membership.of(job, server, topology, schedule, elastic)
         self.wire = wire
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
+        self.buffers = CallBuffers()  # the calls' large arrays, one call after the other
         self.calls = 0  # on this mesh: a call's tag (a new mesh starts again, on every end)
         # A failure the last call saw after it had its result (a part down, a neighbour
         # gone): re-planned, or the mesh made again, before the next call.
@@ -180,7 +182,8 @@ class Engine:
             generation, self.generation = self.generation, None
             call = Call(self.plan, self.nic_states, flat, self.calls, generation,
                         time.monotonic(), self.window, self.timeout, self.start_timeout,
-                        self.wire, progress, backlog=lambda level: bool(self.links[level].outbox))
+                        self.wire, progress, backlog=lambda level: bool(self.links[level].outbox),
+                        buffers=self.buffers)
             try:
                 self._drive(call)
             except MeshError as exc:

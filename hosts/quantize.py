@@ -94,9 +94,12 @@ _WIRE_INT32 = np.dtype(">i4")
 FLOAT32_SHIFT = 126
 
 
-def quantize_blocks(blocks: np.ndarray, biased_exponents: np.ndarray,
-                    num_workers: int) -> np.ndarray:
-    """``quantize`` of every row of float32 ``blocks`` at once (row i at exponent i).
+def quantize_blocks(blocks: np.ndarray, biased_exponents: np.ndarray, num_workers: int,
+                    out: np.ndarray | None = None, work: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """``quantize`` of every row of float32 ``blocks`` at once (row i at exponent i), into
+    ``out`` (int32, of the blocks' shape) if given; ``work``, float32 of that shape, holds the
+    scaled values meanwhile (it may be ``blocks`` itself, which then ends up overwritten).
 
     In float32: x * 2**s is exact for every product of magnitude >= 0.5 (a power-of-two
     scaling of a normal float32 into the normal range), and smaller ones round to 0 either
@@ -104,14 +107,20 @@ def quantize_blocks(blocks: np.ndarray, biased_exponents: np.ndarray,
     so tiny that 2**s is beyond float32 (s > FLOAT32_SHIFT) take the float64 route."""
     s = shift(biased_exponents, num_workers)
     narrow = s <= FLOAT32_SHIFT
-    scaled = np.multiply(blocks, np.ldexp(np.float32(1), np.where(narrow, s, 0).astype(
-        np.int32))[:, None], dtype=np.float32)
-    np.rint(scaled, out=scaled)
-    out = scaled.astype(np.int32)
-    if not narrow.all():
+    rows = wide = None
+    if not narrow.all():  # before ``work`` may overwrite the blocks
         rows = ~narrow
-        out[rows] = np.rint(np.ldexp(blocks[rows].astype(np.float64),
-                                     s[rows][:, None])).astype(np.int32)
+        wide = np.rint(np.ldexp(blocks[rows].astype(np.float64), s[rows][:, None])).astype(
+            np.int32)
+    scaled = np.multiply(blocks, np.ldexp(np.float32(1), np.where(narrow, s, 0).astype(
+        np.int32))[:, None], out=work, dtype=np.float32)
+    np.rint(scaled, out=scaled)
+    if out is None:
+        out = scaled.astype(np.int32)
+    else:
+        np.copyto(out, scaled, casting="unsafe")
+    if rows is not None:
+        out[rows] = wide
     return out
 
 

@@ -117,7 +117,29 @@ def test_float32_fast_paths_are_the_float64_route_bit_for_bit(data):
         slow = np.stack([quantize(row, e, workers) for row, e in zip(blocks, exponents,
                                                                      strict=True)])
         assert fast.dtype == np.int32 and np.array_equal(fast, slow)
+        # Into given arrays, the scaled values kept in the blocks' own (as a call does):
+        # the same bits.
+        out, work = np.full(blocks.shape, 7, np.int32), blocks.copy()
+        assert quantize_blocks(work, exponents, workers, out=out, work=work) is out
+        assert np.array_equal(out, slow)
         sums = fast * np.int32(workers // 2)
         reference = np.ldexp(sums.astype(np.float64),
                              -shift(exponents, workers)[:, None]).astype(np.float32)
         assert np.array_equal(dequantize(sums, exponents, workers), reference)
+
+
+def test_call_buffers_serve_each_shape_again_and_keep_a_few():
+    """A worker's calls reuse their large arrays (``hosts.buffers``): the same array for the
+    same name and shape, a new one for another shape, the last few shapes kept."""
+    from hosts.buffers import SHAPES_KEPT, CallBuffers
+
+    buffers = CallBuffers()
+    first = buffers.get("sums", (4, 64), np.int32)
+    assert buffers.get("sums", (4, 64), np.int32) is first
+    assert buffers.get("sums", (4, 64), np.float32) is not first
+    assert buffers.get("padded", (4, 64), np.int32) is not first
+    first[:] = 5
+    assert not buffers.zeros("sums", (4, 64), np.int32).any()
+    for rows in range(5, 5 + SHAPES_KEPT):
+        buffers.get("sums", (rows, 64), np.int32)
+    assert buffers.get("sums", (4, 64), np.int32) is not first  # dropped: the oldest

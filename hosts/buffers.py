@@ -1,0 +1,43 @@
+"""The large arrays of a worker's calls, kept from one call to the next.
+
+A call of N floats works on arrays of about N values each: the padded gradient, its
+quantised blocks, the partial sums other servers send in host-based steps. Made afresh for
+every call, each one's pages are faulted in again on first touch; at 4M floats, with four
+workers on two cores, that cost more CPU than the quantising itself (tens of ms a call). A
+worker's calls run one at a time, so one set of arrays serves them all. A call's result is
+never one of them: it is the caller's to keep.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SHAPES_KEPT = 4  # per name: a training step's buckets come in a few sizes
+
+
+class CallBuffers:
+    """Arrays by name and shape, reused by every call of one worker (one at a time)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, list[np.ndarray]] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+        """An array of ``shape`` and ``dtype`` for ``name``: the one the last call of that
+        shape used (its values left as they were), else a new one (values undefined). The
+        last ``SHAPES_KEPT`` shapes of each name are kept."""
+        kept = self._arrays.setdefault(name, [])
+        dtype = np.dtype(dtype)
+        for i, array in enumerate(kept):
+            if array.shape == shape and array.dtype == dtype:
+                kept.append(kept.pop(i))  # most recently used last
+                return array
+        array = np.empty(shape, dtype)
+        kept.append(array)
+        del kept[:-SHAPES_KEPT]
+        return array
+
+    def zeros(self, name: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+        """``get``, every value 0."""
+        array = self.get(name, shape, dtype)
+        array.fill(0)
+        return array
