@@ -147,9 +147,10 @@ def dequantize(sums: np.ndarray, biased_exponents: np.ndarray, num_workers: int)
     Inf would be a wrong sum)."""
     s = shift(biased_exponents, num_workers)
     narrow = s <= FLOAT32_SHIFT
-    out = sums.astype(np.float32)
     with np.errstate(over="ignore"):  # an overflow is refused below
-        out *= np.ldexp(np.float32(1), np.where(narrow, -s, 0).astype(np.int32))[:, None]
+        # one pass: each int32 rounded to float32 (as astype would), then scaled exactly
+        out = np.multiply(sums, np.ldexp(np.float32(1), np.where(narrow, -s, 0).astype(
+            np.int32))[:, None], dtype=np.float32)
     if not narrow.all():
         rows = ~narrow
         out[rows] = np.ldexp(sums[rows].astype(np.float64), -s[rows][:, None])
