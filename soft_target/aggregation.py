@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bml.protocol import POOL_SLOTS, Wire, newer_generation
+from bml.protocol import LANE_DTYPE, POOL_SLOTS, Wire, newer_generation
 from soft_target.defines import (
     DROP_STALE,
     STAT_AGGREGATED,
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 POOL_COPIES = 2 * POOL_SLOTS
 JOB_IDS = 4096  # one generation register per job id
-_BE_VALUES = np.dtype(">i4")
 # ResultRouting.apply: what aggregation does not consume goes on to result routing (bml.p4).
 Route = Callable[..., list[tuple[int, bytes]]]
 # ResultRouting.apply_results: the RESULTs a run of contributions completed, all at once.
@@ -119,7 +118,7 @@ class Aggregation:
                     return self.route(tables, frame, port, job, TYPE_MISSING, exponent, b"",
                                       count=count)
                 stats[STAT_RETX_ANSWERED] += 1
-                values = self.sums[idx].astype(_BE_VALUES).tobytes()
+                values = self.sums[idx].astype(LANE_DTYPE).tobytes()
                 return self.route(tables, frame, port, job, TYPE_RESULT_RETX,
                                   self.max_exponent[idx], values)
             if stored_offset == offset:
@@ -143,7 +142,7 @@ class Aggregation:
             stats[STAT_DUPLICATE] += 1
             return []
         row = self.sums[idx]
-        incoming = np.frombuffer(frame, dtype=_BE_VALUES, count=self.lanes, offset=VALUES_OFF)
+        incoming = np.frombuffer(frame, dtype=LANE_DTYPE, count=self.lanes, offset=VALUES_OFF)
         if bitmap == 0:
             count = 0
             best = 0
@@ -165,7 +164,7 @@ class Aggregation:
             return []
         stats[STAT_COMPLETED] += 1
         return self.route(tables, frame, port, job, TYPE_RESULT, best,
-                          row.astype(_BE_VALUES).tobytes())
+                          row.astype(LANE_DTYPE).tobytes())
 
     def apply_run(self, tables: Tables, frames: list[bytes], headers: np.ndarray,
                   raw_headers: np.ndarray, port: int, job: JobConfig, job_id: int
@@ -221,7 +220,7 @@ class Aggregation:
             [self.max_exponent[indices[i]] for i in at.tolist()], dtype=np.int64)),
             headers["exponent"][at])
         incoming = np.frombuffer(b"".join([frames[i] for i in at.tolist()]), np.uint8).reshape(
-            at.size, -1)[:, VALUES_OFF:self.full_end].view(_BE_VALUES)
+            at.size, -1)[:, VALUES_OFF:self.full_end].view(LANE_DTYPE)
         rows = index[at]
         sums = self.sums
         sums[rows[first]] = incoming[first]

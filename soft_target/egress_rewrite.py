@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bml.protocol import BML_UDP_PORT, Wire
+from bml.protocol import BML_UDP_PORT, LANE_DTYPE, Wire
 from control_plane.p4info import Names
 from soft_target.defines import TYPE_ACK, TYPE_BROADCAST
 from soft_target.parser import (
@@ -25,7 +25,6 @@ from soft_target.parser import (
 )
 from soft_target.tables import Row, SoftTable, byte_params
 
-_VALUES = np.dtype(">i4")
 # apply_results builds frames up to this size whole in one array (fewer Python steps per
 # copy); wider ones from a header array and the values (fewer bytes copied per copy).
 WHOLE_FRAMES_UP_TO = 1500
@@ -178,13 +177,13 @@ class EgressRewrite:
         out[:, :, BML_OFF + 8] = exponents[:, None]
         port_numbers = [port for port, _ in addresses]
         if whole:
-            out[:, :, VALUES_OFF:] = sums.astype(_VALUES).view(np.uint8)[:, None, :]
+            out[:, :, VALUES_OFF:] = sums.astype(LANE_DTYPE).view(np.uint8)[:, None, :]
             frames = out.tobytes()
             size = self.frame_bytes
             return [[(port, frames[(i * ports + j) * size:(i * ports + j + 1) * size])
                      for j, port in enumerate(port_numbers)] for i in range(triggers)]
         heads = memoryview(out.tobytes())
-        values = memoryview(sums.astype(_VALUES).tobytes())
+        values = memoryview(sums.astype(LANE_DTYPE).tobytes())
         width = len(values) // triggers
         return [[(port, b"".join((heads[(i * ports + j) * VALUES_OFF:
                                        (i * ports + j + 1) * VALUES_OFF],

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bml.protocol import LANE_DTYPE
 from control_plane.p4info import Names
 from soft_target.defines import (
     DROP_NO_OWNER,
@@ -33,7 +34,6 @@ _TO_SENDER = (TYPE_RESULT_RETX, TYPE_GENERATION, TYPE_PENDING, TYPE_MISSING)
 Egress = Callable[..., list[tuple[int, bytes]]]
 # EgressRewrite.apply_results: the copies of many RESULTs to the same ports.
 EgressResults = Callable[..., list[list[tuple[int, bytes]]]]
-_VALUES = np.dtype(">i4")
 
 
 @dataclass
@@ -89,7 +89,7 @@ class ResultRouting:
         job's multicast group, all at once; to a chunk's owner, one by one."""
         if job.result_mode == MODE_TO_OWNER:
             return [self.apply(tables, frame, port, job, TYPE_RESULT, exponent,
-                               row.astype(_VALUES).tobytes())
+                               row.astype(LANE_DTYPE).tobytes())
                     for frame, exponent, row in zip(frames, exponents.tolist(), sums, strict=True)]
         return self.egress_results(tables, raw_headers, TYPE_RESULT, exponents, sums,
                                    tables.mcast_groups.get(job.mcast_grp, ()))
