@@ -84,8 +84,10 @@ from hosts.mesh import Kind, abort_reason, encode_message
 from hosts.quantize import block_exponents, dequantize, quantize_blocks
 from hosts.recovery import (
     GENERATION_ASK_EVERY,
+    HEARTBEAT_EVERY,
     NicState,
     SlotWindow,
+    detection_time,
     resend_overdue,
     scan_interval,
     switch_down,
@@ -208,14 +210,17 @@ class Call:
     call for it and drops late ones of the last). ``last_generation``: this worker's last
     call's generation if that call ended well, else None (ask the switches). ``backlog(level)``
     says whether frames the driver took for that NIC still wait for room in the kernel: a
-    SENT waits for the broadcasts before it to leave, so a copy missing after it is lost."""
+    SENT waits for the broadcasts before it to leave, so a copy missing after it is lost.
+    ``queued(neighbour)`` says whether messages to it still wait to leave this host (a paced
+    connection's outbox): it may not have had this worker's DONE yet."""
 
     def __init__(self, plan: Membership, nics: list[NicState], flat: np.ndarray, tag: int,
                  last_generation: int | None, now: float, window: int, timeout: float,
                  start_timeout: float, wire: Wire,
                  progress: Callable[[int, int], None] | None = None,
                  backlog: Callable[[int], bool] | None = None,
-                 buffers: CallBuffers | None = None) -> None:
+                 buffers: CallBuffers | None = None,
+                 queued: Callable[[PeerKey], bool] | None = None) -> None:
         self.plan = plan
         self.buffers = buffers or CallBuffers()
         self.topology = plan.topology
@@ -228,6 +233,7 @@ class Call:
         self.window, self.timeout, self.start_timeout = window, timeout, start_timeout
         self.progress = progress
         self.backlog = backlog or (lambda _level: False)
+        self.queued = queued or (lambda _key: False)
         self.frames: list[tuple[int, bytes]] = []  # (level, datagram) for the driver to send
         self.messages: list[tuple[PeerKey, bytes]] = []  # (neighbour, encoded message)
         self.result: np.ndarray | None = None
@@ -261,6 +267,18 @@ class Call:
         self.exchange_dim = 0
         self.exchange_from: dict[PeerKey, tuple[dict, np.ndarray]] = {}
         self.early: list[tuple[PeerKey, tuple]] = []
+        # A failure once some worker holds the whole sum (docs/PROTOCOL.md, "A failure at the
+        # end"): the failure this call goes on in spite of, the neighbours that returned the
+        # sum all the same (their ABORT said so) or went silent, when each neighbour was last
+        # heard from and last sent anything, when a block last moved here, the salvages.
+        self.failure: PartFailed | None = None
+        self.returned: set[PeerKey] = set()
+        self.gone: set[PeerKey] = set()
+        self.heard: dict[PeerKey, float] = {}  # (or when a message to it last waited here)
+        self.told: dict[PeerKey, float] = {}
+        self.moved = now
+        self.salvages = 0
+        self.salvage_due = 0.0
         self._guard(self._start, last_generation)
 
     # --- what the driver calls -----------------------------------------------------------
@@ -279,7 +297,9 @@ class Call:
         """A whole mesh message of this call (its tag) from neighbour ``key``."""
         if not self.finished:
             self.now = now
-            self.nics[key[0]].delivered = now  # its down link delivers: answers wait
+            if kind != Kind.HERE:  # a HERE is too small to keep the down link busy
+                self.nics[key[0]].delivered = now  # its down link delivers: answers wait
+            self.heard[key] = now
             self._guard(self._on_message, key, (kind, stripe, step, start, count, payload))
 
     def on_closed(self, now: float, key: PeerKey) -> None:
@@ -324,29 +344,48 @@ class Call:
                      start: int = 0, count: int = 0, payload: bytes | memoryview = b"") -> None:
         self.messages.append((key, encode_message(kind, self.tag, stripe, step, start, count,
                                                   payload)))
+        self.told[key] = self.now
 
     def _guard(self, method: Callable, *args) -> None:
-        """Run an input; a failure ends the call with it (the driver reads ``error``). A
-        failed part or a neighbour that left, once this worker holds every block's sum and
-        misses DONEs only from neighbours cut off by it, only keeps those DONEs from coming:
-        the sum is right and is the result, and the failure (``failed_after_result``) is for
-        the driver to act on before the next call. A neighbour still owing a DONE over a
-        working level may lack blocks and need this worker in the re-run, so then it re-runs
-        (a neighbour that had already completed cannot, and the re-run then fails naming
-        the fault)."""
+        """Run an input; a failure ends the call with it (the driver reads ``error``), unless
+        the call can go on in spite of it (``_go_on_after``)."""
         try:
             method(*args)
         except (PartFailed, WorkerLost) as exc:
-            if self.phase is Phase.STEPS and self.finals == self.blocks \
-                    and self._only_cut_off_dones(exc):
-                self.failed_after_result = exc
-                self._complete()
-            else:
+            if not (self.phase is Phase.STEPS and self._go_on_after(exc)):
                 self.phase = Phase.FAILED
                 self.error = exc
         except TransportError as exc:
             self.phase = Phase.FAILED
             self.error = exc
+
+    def _go_on_after(self, failure: PartFailed | WorkerLost) -> bool:
+        """Whether the call goes on (or completes) in spite of ``failure`` instead of running
+        again. A re-run needs every worker, and one that holds every block's sum may return
+        it at any moment, so once the sums exist the call ends with them where it can: a
+        failed part, found here or told by a neighbour that returned its sum all the same,
+        leaves this worker in the call while it holds the whole sum (it waits for the DONEs
+        of the neighbours it can still reach, which may need blocks from it) or while a
+        neighbour it can reach said DONE (it asks that one for the blocks it misses:
+        ``_salvage``). The failure is then for the driver to act on before the next call
+        (``failed_after_result``). A neighbour that runs the call again (its ABORT), or one
+        that left, ends the call here too, but when this worker holds the whole sum and
+        misses DONEs only from neighbours cut off by it: the sum is right and is the
+        result."""
+        if failure.rerun or isinstance(failure, WorkerLost):
+            if self.finals == self.blocks and self._only_cut_off_dones(failure):
+                self.failed_after_result = failure
+                self._complete()
+                return True
+            return False
+        if self.failure is not None:
+            failure = PartFailed(str(self.failure), self.failure.broken | failure.broken)
+        if self.finals < self.blocks and not self._helpers(failure):
+            return False
+        self.failure = failure
+        self._salvage(self.now)
+        self._maybe_done()
+        return True
 
     def _only_cut_off_dones(self, failure: PartFailed | WorkerLost) -> bool:
         """Whether every neighbour this worker still waits a DONE from is cut off by
@@ -378,6 +417,28 @@ class Call:
             if start <= block < stop:
                 depth = j
         return depth
+
+    def _cut_levels(self, failure: PartFailed | None = None) -> set[int]:
+        """This worker's levels whose group a failure broke: its switch there is down or its
+        link cut, so its connections of that level too."""
+        failure = failure or self.failure
+        if failure is None:
+            return set()
+        return {level for level, index in failure.broken
+                if index == self.topology.switch_index(self.plan.server, level)}
+
+    def cut_off(self, key: PeerKey, failure: PartFailed | None = None) -> bool:
+        """Whether nothing more can come from neighbour ``key`` this call."""
+        return (key in self.gone or key in self.returned
+                or key[0] in self._cut_levels(failure))
+
+    def _helpers(self, failure: PartFailed | None = None) -> list[PeerKey]:
+        """Neighbours that hold the whole sum (they said DONE), are still in the call (they
+        wait for this worker's DONE) and can be reached."""
+        return sorted(key for key in self.done_from if not self.cut_off(key, failure))
+
+    def _detection(self) -> float:
+        return max(detection_time(nic) for nic in self.nics)
 
     def _switch_name(self, level: int) -> str:
         topo = self.topology
@@ -528,6 +589,7 @@ class Call:
                                    work=self.padded)
         del self.padded
         self.phase = Phase.STEPS
+        self.steps_started = self.now
         self.deadline = self.started + self.timeout
         self._prepare()
         early, self.early = self.early, []
@@ -628,6 +690,7 @@ class Call:
         """``block`` of stripe ``p`` is ready as the input of the stripe's RS step ``j`` (or
         of its AR / its end when ``j`` is past the last RS)."""
         self.stage[block] = j
+        self.moved = self.now
         dims = self.rs_dims[p]
         if j < len(dims):
             dim = dims[j]
@@ -664,6 +727,7 @@ class Call:
         self.acc[block] = values
         self.final[block] = True
         self.finals += 1
+        self.moved = self.now
         if self.finals == 1:
             self.stats.first_result = self.now
         if self.finals == self.blocks:
@@ -765,6 +829,8 @@ class Call:
         self._maybe_done()
 
     def _on_message(self, key: PeerKey, message: tuple) -> None:
+        if message[0] == Kind.HERE:
+            return  # a sign of life (``heard``), nothing else
         if message[0] == Kind.ABORT:
             self._aborted(key, message[5])
         if self.phase is Phase.STEPS:
@@ -793,6 +859,7 @@ class Call:
             self.repairs[(p, j, key[1])] = self.now + self._grace()
         elif kind == Kind.DONE:
             self.done_from.add(key)
+            self.moved = max(self.moved, self.now)
         elif kind == Kind.ABORT:
             self._aborted(key, payload)
         elif kind == Kind.NEED:
@@ -820,21 +887,31 @@ class Call:
                 self._send_due()
             self._resend(now)
             self._repair(now)
+            self._salvage(now)
+            if self.done_sent:
+                self._watch_neighbours(now)
+            else:
+                self._say_here(now)
             self._maybe_done()
         self.next_scan = now + scan_interval(self.nics)
 
     def _resend(self, now: float) -> None:
         """Re-send overdue slots, longest-waiting first, within each NIC's budget."""
+        cut = self._cut_levels()
         for nic in self.nics:
-            resend_overdue(nic, [c for (_p, level), c in self.channels.items()
-                                 if level == nic.level], now)
+            if nic.level not in cut:
+                resend_overdue(nic, [c for (_p, level), c in self.channels.items()
+                                     if level == nic.level], now)
 
     def _watch_switches(self, now: float) -> None:
         """Every switch of this worker's is watched (``hosts.recovery.switch_down``), not only
         those owing answers: a dead switch also stalls the broadcasts and the neighbours'
         messages that come through it. One that stopped answering fails the call at once
         (``PartFailed``, naming its group) instead of waiting out the call's timeout."""
+        cut = self._cut_levels()
         for level in self.plan.live_levels():
+            if level in cut:
+                continue
             nic = self.nics[level]
             ask = partial(self.send_frame, level,
                           generation_question(self.plan.probe_job(), self.me[level], self.wire))
@@ -878,35 +955,107 @@ class Call:
                               np.array(runs, dtype=">u4").tobytes())
             self.stats.repairs_asked += int(missing.size)
 
+    def _salvage(self, now: float) -> None:
+        """Ask a neighbour that holds the whole sum for the blocks still missing here once
+        they stopped coming: at once after a failure, else once no block has moved for a
+        failure's detection time (their sender may have returned the sum while a failure
+        kept them from here). A neighbour that said DONE holds every block's sum and stays
+        in its call until this worker's DONE comes (or it finds this worker gone), so it
+        answers, as a repair, with FINALs; the next ask goes to the next such neighbour."""
+        if self.finals == self.blocks or now < self.salvage_due:
+            return
+        helpers = self._helpers()
+        stall = self._detection()
+        if not helpers or (self.failure is None and now - self.moved < stall):
+            return
+        key = helpers[self.salvages % len(helpers)]
+        for p in range(self.topology.k):
+            start, stop = self.layout.stripe(p)
+            missing = np.flatnonzero(~self.final[start:stop]) + start
+            if missing.size:
+                runs = _runs(missing)
+                self.send_message(key, Kind.NEED, p, 0, 0, len(runs),
+                                  np.array(runs, dtype=">u4").tobytes())
+                self.stats.salvaged += int(missing.size)
+        self.salvages += 1
+        self.salvage_due = now + stall
+
+    def _say_here(self, now: float) -> None:
+        """While this worker misses blocks, a neighbour that said DONE (it watches for this
+        worker's DONE: ``_watch_neighbours``) and that it has sent nothing for a while hears
+        that it is still in the call (``HEARTBEAT_EVERY``)."""
+        for key in self._helpers():
+            if now - self.told.get(key, self.steps_started) >= HEARTBEAT_EVERY:
+                self.send_message(key, Kind.HERE)
+
+    def _watch_neighbours(self, now: float) -> None:
+        """Once this worker holds the whole sum, a neighbour that owes its DONE and has sent
+        nothing since this worker's DONE (not even a HERE, which one missing blocks sends a
+        neighbour that said DONE while it sends it nothing else) for a failure's detection
+        time is gone from the call: it returned the sum
+        while a failure kept its DONE and its ABORT from here, or it is frozen. Nothing it
+        could ask for would get here, so the call no longer waits for it."""
+        limit = self._detection() + HEARTBEAT_EVERY
+        for key in self.plan.peers():
+            if key in self.done_from or self.cut_off(key):
+                continue
+            if self.queued(key):  # it may not have this worker's DONE yet
+                self.heard[key] = now
+            elif now - max(self.heard.get(key, 0.0), self.done_at) > limit:
+                self.gone.add(key)
+
     # --- the end -------------------------------------------------------------------------
     def _maybe_done(self) -> None:
+        """DONE to every neighbour once this worker holds the whole sum; complete once every
+        neighbour that can still say DONE did, and every switch slot it used is back on
+        copy 0 (but in a group that lost a member or its switch: those slots cannot end
+        clean, and the next call's generation starts them afresh)."""
         if self.phase is not Phase.STEPS:
             return
         if self.finals == self.blocks and not self.done_sent:
-            self.done_sent = True
+            self.done_sent, self.done_at = True, self.now
             for key in self.plan.peers():
                 self.send_message(key, Kind.DONE)
-        if (self.done_sent and not self.sent_due
-                and all(c.done for c in self.channels.values())
-                and len(self.done_from) == len(self.plan.peers())):
+        if not self.done_sent:
+            return
+        peers = self.plan.peers()
+        if not all(key in self.done_from or self.cut_off(key) for key in peers):
+            return
+        broken = self._cut_levels() | {key[0] for key in peers if self.cut_off(key)}
+        if any(level not in broken for level in self._sent_levels()):
+            return
+        if all(c.done or level in broken for (_p, level), c in self.channels.items()):
+            self.failed_after_result = self.failure
             self._complete()
+
+    def _sent_levels(self) -> set[int]:
+        return {self.rs_dims[p][j] for p, j in self.sent_due}
 
     def _complete(self) -> None:
         self.phase = Phase.COMPLETE
         self.stats.seconds = self.now - self.started
+        if self.failed_after_result is not None:
+            self.stats.failure_after_sum = str(self.failed_after_result)
+        self.stats.gone = sorted(self.home_of(key) for key in self.gone)
         n_total = self.topology.num_servers
         self.result = dequantize(self.acc, self.exponents, n_total).reshape(-1)[:self.length]
         if self.progress is not None:
             self.progress(self.blocks, self.blocks)
 
     def _aborted(self, key: PeerKey, payload: bytes | memoryview) -> None:
-        reason, broken, lost = abort_reason(payload)
-        message = (f"{self.who()}: server {self.home_of(key)} (level {key[0]}) gave up on the "
-                   f"call: {reason}")
-        if broken:
-            raise PartFailed(message, broken)
-        if lost:
-            raise WorkerLost(message, lost)
+        """A neighbour's ABORT: it runs the call again, so this worker must too, or
+        (``summed``) it returned the sum in spite of a failure and needs nothing more."""
+        why = abort_reason(payload)
+        if why.summed:
+            self.done_from.add(key)
+            self.returned.add(key)
+        message = (f"{self.who()}: server {self.home_of(key)} (level {key[0]}) "
+                   + ("returned the sum, but saw a failure: " if why.summed
+                      else "gave up on the call: ") + why.reason)
+        if why.broken:
+            raise PartFailed(message, set(why.broken), rerun=not why.summed)
+        if why.lost:
+            raise WorkerLost(message, set(why.lost), rerun=not why.summed)
         raise TransportError(message)
 
     def _check_open(self, key: PeerKey) -> None:

@@ -100,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
               f"bml-host: recovery: {replan.recovery_seconds:.2f} s from giving up on the "
               "old plan to the first sum of the new one; the new plan:\n  "
               + "\n  ".join(replan.schedule))
+    if stats.failure_after_sum:
+        print(f"bml-host: the sum is whole, but a failure came at the end: "
+              f"{stats.failure_after_sum}; the next call re-plans around it")
+    if stats.gone:
+        print(f"bml-host: the sum is whole; server(s) {', '.join(map(str, stats.gone))} fell "
+              "silent at the end (their DONE never came): left, cut off or frozen")
+    if stats.salvaged:
+        counts += f" salvaged={stats.salvaged}"
     if survivors is not None:
         counts += f" summed_over={','.join(map(str, survivors))}"
     if stats.replans:  # times on CLOCK_MONOTONIC, which every namespace shares

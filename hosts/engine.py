@@ -29,7 +29,7 @@ from hosts.buffers import CallBuffers
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
-from hosts.membership import Membership, PartFailed, WorkerLost
+from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Mesh, MeshError
 from hosts.recovery import CONNECT_QUESTION_WAIT, NicState
 from hosts.stats import CallStats, Replan
@@ -183,7 +183,7 @@ class Engine:
             call = Call(self.plan, self.nic_states, flat, self.calls, generation,
                         time.monotonic(), self.window, self.timeout, self.start_timeout,
                         self.wire, progress, backlog=lambda level: bool(self.links[level].outbox),
-                        buffers=self.buffers)
+                        buffers=self.buffers, queued=self._queued)
             try:
                 self._drive(call)
             except MeshError as exc:
@@ -221,7 +221,7 @@ class Engine:
         if call.failed_after_result is not None:
             failure = self.aftermath = call.failed_after_result
             self.mesh.abort(call.tag, str(failure), getattr(failure, "broken", None),
-                            getattr(failure, "lost", None))
+                            getattr(failure, "lost", None), summed=True)
         if replans:
             replans[-1].resumed_at = stats.first_result
         stats.replans = replans
@@ -245,6 +245,10 @@ class Engine:
         self.mesh.close(linger=1.0)
         self.plan = plan
         self.mesh = self._connect()
+
+    def _queued(self, key: PeerKey) -> bool:
+        peer = self.mesh.peers.get(key)
+        return peer is not None and bool(peer.outbox)
 
     def _drive(self, call: Call) -> None:
         drive(call, self.links, self.mesh.peers, call.tag,

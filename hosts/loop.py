@@ -116,12 +116,14 @@ class Drivable(Protocol):
     def next_wake(self) -> float: ...
     def take_frames(self) -> list[tuple[int, bytes]]: ...
     def take_messages(self) -> list[tuple[object, bytes]]: ...
+    def cut_off(self, key) -> bool: ...
 
 
 def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], Peer],
           tag: int, who: str) -> None:
     """The one loop: sockets in, the call's inputs; the call's outputs, sockets out. It
-    returns once the call failed, or completed and everything it sent has left. ``tag``:
+    returns once the call failed, or completed and everything it sent has left (but to
+    neighbours it is cut off from). ``tag``:
     the call's, in the mesh messages that are its own; ``who`` names the worker in errors."""
     by_fd = {link.sock.fileno(): link for link in links}
     peer_fd = {peer.sock.fileno(): (key, peer) for key, peer in peers.items()}
@@ -138,9 +140,9 @@ def drive(call: Drivable, links: list[NicSocket], peers: dict[tuple[int, int], P
         _send(call, links, peers)
         if call.error is not None:
             return
-        if call.result is not None and not any(p.outbox for p in peers.values()) \
-                and not any(link.outbox for link in links):
-            return
+        if call.result is not None and not any(link.outbox for link in links) \
+                and not any(p.outbox for key, p in peers.items() if not call.cut_off(key)):
+            return  # (what waits for a neighbour a failure cut off never leaves)
         now = time.monotonic()
         if call.result is not None and now > call.started + call.timeout:
             raise TransportError(f"{who}: the call's last messages could not be delivered "

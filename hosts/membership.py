@@ -25,20 +25,23 @@ from hosts.errors import TransportError
 
 class PartFailed(TransportError):
     """A switch, or this server's link to it, stopped: the call can be re-planned around the
-    ``broken`` groups (``Schedule.degraded``)."""
+    ``broken`` groups (``Schedule.degraded``). ``rerun``: a neighbour's ABORT said it runs the
+    call again, so this worker must too (it cannot go on in the call alone)."""
 
-    def __init__(self, message: str, broken: set[Group]) -> None:
+    def __init__(self, message: str, broken: set[Group], rerun: bool = False) -> None:
         super().__init__(message)
         self.broken = set(broken)
+        self.rerun = rerun
 
 
 class WorkerLost(TransportError):
     """A neighbour left mid-call (its connection closed): an elastic job goes on without the
     ``lost`` servers; any other fails the call naming them."""
 
-    def __init__(self, message: str, lost: set[int]) -> None:
+    def __init__(self, message: str, lost: set[int], rerun: bool = False) -> None:
         super().__init__(message)
         self.lost = set(lost)
+        self.rerun = rerun
 
 
 PeerKey = tuple[int, int]  # (dimension, server in the job's topology): one mesh connection

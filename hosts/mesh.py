@@ -48,15 +48,28 @@ class MeshError(RuntimeError):
     pass
 
 
-def abort_reason(payload: bytes | memoryview) -> tuple[str, set[tuple[int, int]], set[int]]:
-    """(why, broken groups, servers that left) of an ABORT's payload."""
+@dataclass(frozen=True)
+class AbortReason:
+    """What an ABORT says: why, the groups that failed, the servers that left, and whether
+    its sender returned the whole sum (``summed``: it needs nothing more, like a DONE, and
+    does not run the call again) or gives up on the call and runs it again."""
+
+    reason: str
+    broken: frozenset[tuple[int, int]] = frozenset()
+    lost: frozenset[int] = frozenset()
+    summed: bool = False
+
+
+def abort_reason(payload: bytes | memoryview) -> AbortReason:
+    """What an ABORT's payload says."""
     try:
         info = json.loads(bytes(payload))
-        return (str(info["reason"]),
-                {(int(level), int(index)) for level, index in info["broken"]},
-                {int(server) for server in info.get("lost", ())})
+        return AbortReason(str(info["reason"]),
+                           frozenset((int(level), int(index)) for level, index in info["broken"]),
+                           frozenset(int(server) for server in info.get("lost", ())),
+                           bool(info.get("summed", False)))
     except (ValueError, KeyError, TypeError):
-        return bytes(payload).decode(errors="replace"), set(), set()
+        return AbortReason(bytes(payload).decode(errors="replace"))
 
 
 class Kind(enum.IntEnum):
@@ -67,9 +80,11 @@ class Kind(enum.IntEnum):
     SENT = 5  # I have broadcast all my blocks of (stripe, step) through the switch
     NEED = 6  # please re-send these reduced blocks (broadcast copies were lost)
     DONE = 7  # I have the whole result: I need nothing more from you this call
-    ABORT = 8  # I give up on this call; payload: JSON {reason, broken, lost}, so you can name the
-    # cause and re-plan alike: broken: [[level, switch index]] of a failed switch or link, lost:
-    # [server] of workers that left (an elastic job goes on without them)
+    ABORT = 8  # I give up on this call; payload: JSON {reason, broken, lost, summed}, so you can
+    # name the cause and re-plan alike: broken: [[level, switch index]] of a failed switch or
+    # link, lost: [server] of workers that left (an elastic job goes on without them); summed:
+    # I returned the whole sum all the same (a failure kept only DONEs away)
+    HERE = 9  # I am still in this call and still miss blocks (sent while nothing else goes to you)
 
 
 def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
@@ -85,11 +100,12 @@ def decode_message(data: bytes | memoryview) -> tuple[int, int, int, int, int, i
 
 
 def abort_message(call: int, reason: str, broken: set[tuple[int, int]] | None = None,
-                  lost: set[int] | None = None) -> bytes:
-    """An ABORT: why a worker gives up on ``call``, and which groups failed or which servers
-    left, so that every neighbour names the cause and re-plans the same way."""
+                  lost: set[int] | None = None, summed: bool = False) -> bytes:
+    """An ABORT: why a worker gives up on ``call`` (or, ``summed``, returned its sum in spite of
+    a failure), and which groups failed or which servers left, so that every neighbour names
+    the cause and re-plans the same way."""
     payload = json.dumps({"reason": reason[:2000], "broken": sorted(broken or ()),
-                          "lost": sorted(lost or ())}).encode()
+                          "lost": sorted(lost or ()), "summed": summed}).encode()
     return encode_message(Kind.ABORT, call, payload=payload)
 
 
@@ -200,10 +216,10 @@ class Mesh:
         return list(self.peers.values())
 
     def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
-              lost: set[int] | None = None, linger: float = 0.3) -> None:
+              lost: set[int] | None = None, linger: float = 0.3, summed: bool = False) -> None:
         """Tell every neighbour still connected why this worker gives up on ``call``
         (``abort_message``), best effort and bounded by ``linger``."""
-        message = abort_message(call, reason, broken, lost)
+        message = abort_message(call, reason, broken, lost, summed)
         peers = [peer for peer in self.peers.values() if not peer.closed]
         for peer in peers:
             try:

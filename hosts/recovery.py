@@ -71,6 +71,10 @@ MID_CALL_STALL = 4
 # taken for a dead switch).
 SWITCH_SILENCE = 0.5
 SWITCH_DEADLINE = 0.5
+# A worker that still misses blocks says so (a HERE) to a neighbour that said DONE and that
+# it has sent nothing else for this long: a neighbour that holds the whole sum and hears
+# nothing from it for a failure's detection time takes it for gone (``Call._watch_neighbours``).
+HEARTBEAT_EVERY = SWITCH_SILENCE / 2
 # ... before this NIC has seen any slot answered (a fresh process) while slots wait: a slow
 # switch (BMv2's default build) may take seconds to work through the first window of every
 # member.
@@ -172,24 +176,35 @@ def scan_interval(nics: list[NicState]) -> float:
     return max(SCAN_LEAST, min(max(TAIL_RTO_FLOOR, nic.rto.base) for nic in nics) / 2)
 
 
+def watch_bounds(nic: NicState, awaiting: bool) -> tuple[float, float]:
+    """(silence, deadline) of a liveness watch over this NIC: how long without a sign of life
+    before asking, and how long for an answer after. Both grow with the answer times the NIC
+    sees, so a loaded link's queue is not taken for a dead part. ``awaiting``: slots of this
+    NIC's wait for answers."""
+    if nic.rto.samples:
+        answer = nic.answer_time()
+        return max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
+    if awaiting:  # no answer time known yet: the call's first burst may still be queued
+        return SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
+    return SWITCH_SILENCE, QUIET_NIC_DEADLINE
+
+
+def detection_time(nic: NicState) -> float:
+    """How long a part of this NIC's takes to be found down once silent (the switch watch's
+    two bounds): a failure on the way to this worker has been seen and told by then."""
+    return sum(watch_bounds(nic, awaiting=False))
+
+
 def switch_down(nic: NicState, now: float, ask: Callable[[], None],
                 awaiting: bool = True) -> bool:
     """The switch watch of one NIC, run on every timer scan of a call. A switch that has sent
-    nothing for ``SWITCH_SILENCE`` is asked whether it is alive (``ask`` sends a GENERATION
+    nothing for the watch's silence is asked whether it is alive (``ask`` sends a GENERATION
     question, which it answers whatever the other workers do, four times within the
-    deadline); True once it has not answered within ``SWITCH_DEADLINE``: it is down or cut
-    off, and the call fails at once instead of waiting out its timeout. On a slow, saturated
-    link or switch a question and its answer wait in full queues, so both bounds grow with
-    the answer times this NIC sees. A neighbour's mesh message over this NIC came through
-    the switch too: it is as good a sign of life as a frame from it (a host-based NIC's
-    only one). ``awaiting``: slots of this NIC's wait for answers."""
-    if nic.rto.samples:
-        answer = nic.answer_time()
-        silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
-    elif awaiting:  # no answer time known yet: the call's first burst may still be queued
-        silence, deadline = SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
-    else:
-        silence, deadline = SWITCH_SILENCE, QUIET_NIC_DEADLINE
+    deadline); True once it has not answered within the deadline (``watch_bounds``): it is
+    down or cut off, and the call fails at once instead of waiting out its timeout. A
+    neighbour's mesh message over this NIC came through the switch too: it is as good a sign
+    of life as a frame from it (a host-based NIC's only one)."""
+    silence, deadline = watch_bounds(nic, awaiting)
     if now - max(nic.last_heard, nic.delivered) < silence:
         nic.asked = 0.0  # alive since any question
         return False

@@ -208,6 +208,10 @@ class SingleSwitchCall:
     def take_messages(self) -> list:
         return []
 
+    def cut_off(self, key: object) -> bool:
+        """(No neighbours on one NIC.)"""
+        return False
+
     def send_frame(self, level: int, frame: bytes) -> None:
         self.frames.append((level, frame))
         self.stats.frames_sent += 1

@@ -32,9 +32,14 @@ class CallStats:
         default_factory=lambda: dict.fromkeys(("ordered", "stalled", "pending", "missing"), 0))
     broadcasts: int = 0
     repairs_asked: int = 0
+    salvaged: int = 0  # blocks asked of a neighbour that held the whole sum (a failure's tail)
     stream_bytes: int = 0
     exponent_seconds: float = 0.0
     first_result: float = 0.0  # time of the first whole block
     last_result: float = 0.0  # ... and of the last: the rest of the call is the ending
     replans: list[Replan] = field(default_factory=list)
+    # A failure seen once every block's sum existed: the call returned the sum all the same
+    # (docs/PROTOCOL.md, "A failure at the end"), and the next call re-plans around it.
+    failure_after_sum: str = ""
+    gone: list[int] = field(default_factory=list)  # neighbours that fell silent at the end
     attempt_seconds: float = 0.0  # the last attempt alone (after a re-planning: the new plan)

@@ -451,6 +451,12 @@ class Network:
                 return False
         return True
 
+    def queued(self, hops: list[tuple[int, int]]) -> bool:
+        """Whether bytes handed to the connection along ``hops`` still wait outside its window
+        (a paced socket's outbox, ``hosts.mesh.Peer.outbox``)."""
+        connection = self._connections.get(tuple(hops))
+        return bool(connection and connection.waiting)
+
     def unacked(self, hops: list[tuple[int, int]]) -> int:
         """Bytes handed to the connection along ``hops`` and not yet acknowledged (SIOCOUTQ)."""
         connection = self._connections.get(tuple(hops))

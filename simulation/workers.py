@@ -193,6 +193,10 @@ class SimWorker:
                                  lambda: other._arrived(self.home, message, connection, closing),
                                  min_rto, window)
 
+    def _queued(self, key: PeerKey) -> bool:
+        route = self.routes.get(self.plan.home_of(key[1]))
+        return route is not None and self.network.queued(route)
+
     def _arrived(self, sender: int, message: bytes, connection: tuple[int, ...],
                  closing: bool) -> None:
         if self.state in (State.DEAD, State.FAILED) or self.linked.get(sender) != connection:
@@ -255,7 +259,7 @@ class SimWorker:
         generation, self.generation = self.generation, None
         self.call = Call(self.plan, self.nics, self.flat, self.calls, generation,
                          self.clock.now, self.window, self.timeout, self.start_timeout,
-                         self.network.wire)
+                         self.network.wire, queued=self._queued)
         self.timer_at = float("inf")
         for home in list(self.inbox) + [h for h in self.closed if h not in self.inbox]:
             self._deliver(home)
@@ -286,7 +290,7 @@ class SimWorker:
             failure = self.aftermath = call.failed_after_result
             if failure is not None:
                 message = abort_message(call.tag, str(failure), getattr(failure, "broken", None),
-                                        getattr(failure, "lost", None))
+                                        getattr(failure, "lost", None), summed=True)
                 for home, connection in self.linked.items():
                     self._stream(home, message, connection)
             if self.replans:

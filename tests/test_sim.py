@@ -50,16 +50,27 @@ def test_a_seed_replays_exactly():
     assert first.gst == again.gst
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: a worker that holds the whole sum returns it "
-                   "when a failure keeps only DONEs away, and its ABORT to the neighbour behind "
-                   "the failed link never arrives (docs/PROTOCOL.md, Limits)")
 def test_a_link_failing_as_a_neighbour_finishes_leaves_nobody_waiting_for_it():
     """Found by ``bml-sim soak --lanes 2208``: h1's level-1 link fails 2 ms into a 2-block
-    call, after server 1 has sent what it owes but before it arrives. Servers 0 and 1
-    return the sum; 2 and 3 wait out their timeout for server 1's DONE on level 1."""
+    call, after server 1 has sent what it owes but before it arrives. Servers 0 and 1 hold
+    the sum and return it; server 3 asks server 2 (which said DONE) for the block that never
+    came, and neither waits for server 1, whose DONE cannot come."""
     verdict = run_seed(5265, "bcube:2,2", "mixed", floats=4096, rate=100e6,
                        lanes=WIDEST_LANES)
     assert verdict.ok, verdict.problems
+    assert set(verdict.first_call.values()) == {"ok"}, verdict.first_call
+    assert verdict.gst < 5.0  # a detection time or two, not the 30 s timeout
+
+
+def test_a_switch_failing_once_some_workers_hold_the_sum_ends_the_call_with_it_everywhere():
+    """Found by ``bml-sim soak --lanes 2208``: s1_2 dies 2 ms into a 2-block call, when
+    servers 0-2 already hold the whole sum (and return it). A re-run would need them, so
+    servers 2, 5 and 8, cut off from their level-1 switch, ask a neighbour that said DONE for
+    the blocks instead, and everyone returns the same sum."""
+    verdict = run_seed(5038, "bcube:3,2", "in-network", floats=4096, rate=100e6,
+                       lanes=WIDEST_LANES)
+    assert verdict.ok, verdict.problems
+    assert set(verdict.first_call.values()) == {"ok"}, verdict.first_call
 
 
 def trial(topo: str, schedule: str, *faults: Fault, floats: int = 4096) -> Scenario:
