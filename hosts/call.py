@@ -368,11 +368,13 @@ class Call:
         of the neighbours it can still reach, which may need blocks from it) or while a
         neighbour it can reach said DONE (it asks that one for the blocks it misses:
         ``_salvage``). The failure is then for the driver to act on before the next call
-        (``failed_after_result``). A neighbour that runs the call again (its ABORT), or one
-        that left, ends the call here too, but when this worker holds the whole sum and
-        misses DONEs only from neighbours cut off by it: the sum is right and is the
-        result."""
-        if failure.rerun or isinstance(failure, WorkerLost):
+        (``failed_after_result``). A neighbour that runs the call again (its ABORT) takes this
+        worker into the re-run, which needs everyone. A neighbour that left ends the call
+        here too, but when this worker holds the whole sum and misses DONEs only from
+        neighbours cut off by it: the sum is right and is the result."""
+        if failure.rerun:
+            return False
+        if isinstance(failure, WorkerLost):
             if self.finals == self.blocks and self._only_cut_off_dones(failure):
                 self.failed_after_result = failure
                 self._complete()
@@ -965,7 +967,7 @@ class Call:
         if self.finals == self.blocks or now < self.salvage_due:
             return
         helpers = self._helpers()
-        stall = self._detection()
+        stall = self._detection() + HEARTBEAT_EVERY  # a failure found elsewhere is told first
         if not helpers or (self.failure is None and now - self.moved < stall):
             return
         key = helpers[self.salvages % len(helpers)]
