@@ -218,9 +218,15 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
     replanned = [r for r in results if r.returncode == 0 and "replans=" in r.stdout]
     wrong = [r for r in results
              if r.returncode == 0 and not check_sum(np.load(r.output), grads)[2]]
+    # A failure at the push's end: the sums returned all the same, blocks asked of a
+    # neighbour that held them (docs/PROTOCOL.md, "A failure at the end").
+    at_end = [r for r in results if r.returncode == 0 and "a failure came at the end" in r.stdout]
     row = {"topology": topo.spec, "schedule": schedule, "fault": fault, "where": where,
            "moment": "start" if moment is None else f"{moment:.0%}",
-           "replanned": len(replanned), "workers": len(results), "correct": ok,
+           "replanned": len(replanned), "at_end": len(at_end),
+           "salvaged": sum(int(r.figure("salvaged")) for r in results
+                           if r.returncode == 0 and "salvaged=" in r.stdout),
+           "workers": len(results), "correct": ok,
            "failed": sum(r.returncode != 0 for r in results), "wrong": len(wrong)}
     if replanned:
         degraded = make_schedule(topo, schedule).degraded({broken})
@@ -244,6 +250,8 @@ def replan_row(state, schedule: str, fault: str, size: int, tmp: Path, baseline:
             "after_replans": sum("replans=" in r.stdout for r in results)}
     print(f"  {topo.spec} {schedule:10s} {fault:13s} {where:8s} at {row['moment']:5s}: "
           f"{len(replanned)}/{len(results)} re-planned"
+          + (f", {len(at_end)} saw it at the end ({row['salvaged']} blocks salvaged)"
+             if at_end else "")
           + (f", detection {row['detection']:.1f} s, recovery {row['recovery']:.1f} s, degraded "
              f"GST {row['gst_degraded']:.2f} s ({row['vs_no_fault']:.2f}x no-fault, "
              f"{row['vs_predicted']:.2f}x its prediction)" if replanned else "")
@@ -278,11 +286,11 @@ def replan_table(rate: str, size: int, tmp: Path, schedules: list[str]) -> list[
 
 def replan_markdown(rows: list[dict], rate: str, size: int) -> list[str]:
     lines = ["", f"Re-planned (every link {rate}, {size} floats per push, every NIC):", "",
-             "| topology | schedule | fault | where | when | re-planned | detection s | "
-             "recovery s | degraded GST s | / no-fault | / predicted (degraded plan) | sums | "
-             "next push after repair / no-fault |",
-             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | "
-             "---: |"]
+             "| topology | schedule | fault | where | when | re-planned | saw it at the end "
+             "(blocks salvaged) | detection s | recovery s | degraded GST s | / no-fault | "
+             "/ predicted (degraded plan) | sums | next push after repair / no-fault |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+             "--- | ---: |"]
     for r in rows:
         figures = (f"{r['detection']:.1f} | {r['recovery']:.1f} | {r['gst_degraded']:.2f} | "
                    f"{r['vs_no_fault']:.2f} | {r['vs_predicted']:.2f}" if "detection" in r
@@ -290,7 +298,8 @@ def replan_markdown(rows: list[dict], rate: str, size: int) -> list[str]:
         sums = ("correct" if r["correct"] else
                 f"{r['wrong']} wrong, {r['failed']} failed with an error")
         lines.append(f"| {r['topology']} | {r['schedule']} | {r['fault']} | {r['where']} | "
-                     f"{r['moment']} | {r['replanned']}/{r['workers']} | {figures} | {sums} | "
+                     f"{r['moment']} | {r['replanned']}/{r['workers']} | "
+                     f"{r['at_end']}/{r['workers']} ({r['salvaged']}) | {figures} | {sums} | "
                      f"{r['after_repair']:.2f} |")
     return lines
 

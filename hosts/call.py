@@ -272,6 +272,7 @@ class Call:
         # sum all the same (their ABORT said so) or went silent, when each neighbour was last
         # heard from and last sent anything, when a block last moved here, the salvages.
         self.failure: PartFailed | None = None
+        self.failure_at = 0.0
         self.returned: set[PeerKey] = set()
         self.gone: set[PeerKey] = set()
         self.heard: dict[PeerKey, float] = {}  # (or when a message to it last waited here)
@@ -384,6 +385,8 @@ class Call:
             failure = PartFailed(str(self.failure), self.failure.broken | failure.broken)
         if self.finals < self.blocks and not self._helpers(failure):
             return False
+        if self.failure is None:
+            self.failure_at = self.now
         self.failure = failure
         self._salvage(self.now)
         self._maybe_done()
@@ -1026,9 +1029,18 @@ class Call:
         broken = self._cut_levels() | {key[0] for key in peers if self.cut_off(key)}
         if any(level not in broken for level in self._sent_levels()):
             return
+        if self.failure is not None and self.now < self.failure_at + self._settle():
+            return
         if all(c.done or level in broken for (_p, level), c in self.channels.items()):
             self.failed_after_result = self.failure
             self._complete()
+
+    def _settle(self) -> float:
+        """How long a worker that found a failure at the end keeps its sum before it returns
+        it: a worker elsewhere that found the same failure missing blocks with nobody to ask
+        runs the call again, and its ABORT, relayed across the BCube (k + 1 hops at most),
+        takes this one into the re-run, which needs everyone."""
+        return (self.topology.k + 1) * max(nic.rto.value for nic in self.nics)
 
     def _sent_levels(self) -> set[int]:
         return {self.rs_dims[p][j] for p, j in self.sent_due}
