@@ -244,6 +244,8 @@ class Engine:
         the mesh again, over detours where the schedule now has broken groups."""
         self.mesh.close(linger=1.0)
         self.plan = plan
+        for nic in self.nic_states:
+            nic.restart()
         self.mesh = self._connect()
 
     def _queued(self, key: PeerKey) -> bool:

@@ -153,6 +153,14 @@ class NicState:
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
     questions: int = 0  # how often since
 
+    def restart(self) -> None:
+        """The job goes on under a new plan (a re-planning, a shrink): its next call's first
+        window is a burst of every member at once, through switches that may now carry
+        detoured streams too, as a fresh process's first window is. Until its first answer
+        the switch watch waits as it does for a fresh NIC (``FIRST_ANSWER_DEADLINE``); the
+        re-send timeout keeps its estimate."""
+        self.rto.samples.clear()
+
     def heard(self, now: float) -> None:
         """A frame from the switch arrived: it is alive."""
         self.last_heard, self.asked = now, 0.0

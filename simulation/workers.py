@@ -335,6 +335,8 @@ class SimWorker:
             return
         self.replans.append(Replan(str(error), plan.schedule.describe(), self.clock.now))
         self.plan = plan
+        for nic in self.nics:
+            nic.restart()
         self.state = State.CONNECTING
         self.call = None
         self.clock.after(CLOSE_DELAY, self._reconnect)
