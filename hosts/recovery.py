@@ -151,21 +151,23 @@ class NicState:
     # the streams, and the windows' answers wait their turn behind them (``overdue``).
     delivered: float = float("-inf")
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
+    restarted: bool = False  # a new plan began and no slot has been answered since
     questions: int = 0  # how often since
 
     def restart(self) -> None:
         """The job goes on under a new plan (a re-planning, a shrink): its next call's first
         window is a burst of every member at once, through switches that may now carry
-        detoured streams too, as a fresh process's first window is. Until its first answer
-        the switch watch waits as it does for a fresh NIC (``FIRST_ANSWER_DEADLINE``); the
-        re-send timeout keeps its estimate."""
-        self.rto.samples.clear()
+        detoured streams too and still work through the abandoned call's frames, as a fresh
+        process's first window is. Until its first answer the switch watch waits as long as
+        it does for a fresh NIC where that is longer (``watch_bounds``)."""
+        self.restarted = True
 
     def heard(self, now: float) -> None:
         """A frame from the switch arrived: it is alive."""
         self.last_heard, self.asked = now, 0.0
 
     def answered(self) -> None:
+        self.restarted = False
         self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
 
     def answer_time(self) -> float:
@@ -189,12 +191,14 @@ def watch_bounds(nic: NicState, awaiting: bool) -> tuple[float, float]:
     before asking, and how long for an answer after. Both grow with the answer times the NIC
     sees, so a loaded link's queue is not taken for a dead part. ``awaiting``: slots of this
     NIC's wait for answers."""
-    if nic.rto.samples:
-        answer = nic.answer_time()
-        return max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
-    if awaiting:  # no answer time known yet: the call's first burst may still be queued
-        return SWITCH_SILENCE, FIRST_ANSWER_DEADLINE
-    return SWITCH_SILENCE, QUIET_NIC_DEADLINE
+    fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else QUIET_NIC_DEADLINE)
+    if not nic.rto.samples:  # no answer time known yet: the call's first burst may be queued
+        return fresh
+    answer = nic.answer_time()
+    silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
+    if nic.restarted:
+        return max(silence, fresh[0]), max(deadline, fresh[1])
+    return silence, deadline
 
 
 def detection_time(nic: NicState) -> float:
