@@ -36,8 +36,12 @@ Failure detection runs through phases 2-4: a switch of this worker's that has se
 for a while is asked whether it is alive; without an answer in time
 (``hosts.recovery.switch_down``) the call fails with ``PartFailed`` naming its group, which
 the driver re-plans around. A neighbour's closed connection fails it with ``WorkerLost``;
-an ABORT from a neighbour carries the same news on. Every phase is bounded
-(``start_timeout``, ``timeout``).
+an ABORT from a neighbour carries the same news on. Once the sums exist, a failure ends the
+call with them where it can instead (``_go_on_after``): a worker that misses blocks asks a
+neighbour that said DONE for them, one that holds them serves the neighbours it can reach,
+and neither waits for a neighbour the failure cut off or that fell silent
+(docs/PROTOCOL.md, "A failure at the end"). Every phase is bounded (``start_timeout``,
+``timeout``).
 """
 
 from __future__ import annotations

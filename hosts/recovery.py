@@ -71,11 +71,8 @@ MID_CALL_STALL = 4
 # taken for a dead switch).
 SWITCH_SILENCE = 0.5
 SWITCH_DEADLINE = 0.5
-# A worker that still misses blocks says so (a HERE) to a neighbour that said DONE and that
-# it has sent nothing else for this long: a neighbour that holds the whole sum and hears
-# nothing from it for a failure's detection time takes it for gone (``Call._watch_neighbours``).
-HEARTBEAT_EVERY = SWITCH_SILENCE / 2
-# ... before this NIC has seen any slot answered (a fresh process) while slots wait: a slow
+# ... before this NIC has seen any slot answered (a fresh process, or a call re-planned:
+# ``NicState.restart``) while slots wait: a slow
 # switch (BMv2's default build) may take seconds to work through the first window of every
 # member.
 FIRST_ANSWER_DEADLINE = 10.0
@@ -88,6 +85,10 @@ QUIET_NIC_DEADLINE = 1.0
 # may still be draining a previous call's frames through the switch.
 CONNECT_QUESTION_WAIT = 1.5
 GENERATION_ASK_EVERY = 0.05  # s between GENERATION questions at a call's start: a lost one's cost
+# A worker that still misses blocks says so (a HERE) to a neighbour that said DONE and that
+# it has sent nothing else for this long: a neighbour that holds the whole sum and hears
+# nothing from it for a failure's detection time takes it for gone (``Call._watch_neighbours``).
+HEARTBEAT_EVERY = SWITCH_SILENCE / 2
 
 
 @dataclass
