@@ -380,7 +380,7 @@ class Call:
         if failure.rerun:
             return False
         if isinstance(failure, WorkerLost):
-            if self.finals == self.blocks and self._only_cut_off_dones(failure):
+            if self.finals == self.blocks and self._only_lost_dones(failure):
                 self.failed_after_result = failure
                 self._complete()
                 return True
@@ -396,21 +396,11 @@ class Call:
         self._maybe_done()
         return True
 
-    def _only_cut_off_dones(self, failure: PartFailed | WorkerLost) -> bool:
-        """Whether every neighbour this worker still waits a DONE from is cut off by
-        ``failure``: it left, or its connection runs through a failed group's switch."""
-        plan = self.plan
-        lost = getattr(failure, "lost", set())
-        broken = getattr(failure, "broken", set())
-        mine = {(level, self.topology.switch_index(plan.server, level))
-                for level in range(self.topology.k)}
-        for key in plan.peers():
-            if key in self.done_from or self.home_of(key) in lost:
-                continue
-            if (key[0], self.topology.switch_index(plan.server, key[0])) in broken & mine:
-                continue
-            return False
-        return True
+    def _only_lost_dones(self, failure: WorkerLost) -> bool:
+        """Whether every neighbour this worker still waits a DONE from left (``failure``).
+        (A failed part's cut-off neighbours are ``cut_off``'s.)"""
+        return all(key in self.done_from or self.home_of(key) in failure.lost
+                   for key in self.plan.peers())
 
     # --- helpers -------------------------------------------------------------------------
     def who(self) -> str:
@@ -952,17 +942,24 @@ class Call:
             dim = self.rs_dims[p][j]
             digit = self.topology.digits(server)[dim]
             start, stop = split(self.pieces[p][j], self.topology.n)[digit]
-            missing = np.flatnonzero(~self.final[start:stop]) + start
-            if not missing.size:
+            asked = self._ask_for_missing((dim, server), p, j, start, stop)
+            if not asked:
                 del self.repairs[key]
                 continue
             # Asked again after a while if still missing (an answer only covers what was final
             # when the question came).
             self.repairs[key] = now + 2 * self._grace()
+            self.stats.repairs_asked += asked
+
+    def _ask_for_missing(self, key: PeerKey, p: int, j: int, start: int, stop: int) -> int:
+        """A NEED to ``key`` for the blocks of [start, stop) not final here, as runs; how many
+        (none: nothing sent). The answer is FINALs of those the neighbour holds."""
+        missing = np.flatnonzero(~self.final[start:stop]) + start
+        if missing.size:
             runs = _runs(missing)
-            self.send_message((dim, server), Kind.NEED, p, j, 0, len(runs),
+            self.send_message(key, Kind.NEED, p, j, 0, len(runs),
                               np.array(runs, dtype=">u4").tobytes())
-            self.stats.repairs_asked += int(missing.size)
+        return int(missing.size)
 
     def _salvage(self, now: float) -> None:
         """Ask a neighbour that holds the whole sum for the blocks still missing here once
@@ -979,13 +976,7 @@ class Call:
             return
         key = helpers[self.salvages % len(helpers)]
         for p in range(self.topology.k):
-            start, stop = self.layout.stripe(p)
-            missing = np.flatnonzero(~self.final[start:stop]) + start
-            if missing.size:
-                runs = _runs(missing)
-                self.send_message(key, Kind.NEED, p, 0, 0, len(runs),
-                                  np.array(runs, dtype=">u4").tobytes())
-                self.stats.salvaged += int(missing.size)
+            self.stats.salvaged += self._ask_for_missing(key, p, 0, *self.layout.stripe(p))
         self.salvages += 1
         self.salvage_due = now + stall
 
