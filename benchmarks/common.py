@@ -59,11 +59,20 @@ class Run:
 
     @property
     def gst(self) -> float:
-        """The slowest worker's time; over repeated calls (``benchmarks.worker --repeat``),
-        the median of each call's slowest."""
+        """From the moment the last worker called the allreduce until the last one had its
+        sum, as if a barrier had started them together; over repeated calls
+        (``benchmarks.worker --repeat``), the median of the calls. Workers finish a call
+        apart (under loss by up to a few hundred ms), and the one that starts the next call
+        first would otherwise count the others' lateness as its own time. (Every namespace
+        reads the one CLOCK_MONOTONIC.)"""
         workers = self.reports[:self.workers]
-        calls = [max(each) for each in zip(*(r.get("seconds_each", [r["seconds"]])
-                                             for r in workers), strict=True)]
+        if all("begun_each" in r for r in workers):
+            calls = [max(b + s for b, s in each) - max(b for b, _ in each)
+                     for each in zip(*(zip(r["begun_each"], r["seconds_each"], strict=True)
+                                       for r in workers), strict=True)]
+        else:
+            calls = [max(each) for each in zip(*(r.get("seconds_each", [r["seconds"]])
+                                                 for r in workers), strict=True)]
         return statistics.median(calls)
 
     def busiest(self) -> tuple[int, int]:

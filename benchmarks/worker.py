@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         before, packets_before = nic_counters(names), packet_counters(names)
         retrans = tcp_retransmissions()
         started, cpu_started = time.monotonic(), time.process_time()
-        seconds_each = []
+        seconds_each, begun_each = [], []
         profile = os.environ.get("BML_PROFILE")  # a folder: the timed calls' cProfile there
         if profile:
             import cProfile
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             if repetition and args.scheme == "ring":
                 scheme.barrier()
             begun = time.monotonic()
+            begun_each.append(begun)
             total = call(grad, args.size)
             seconds_each.append(time.monotonic() - begun)
         if profile:
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if total is not None:
         np.save(args.out, total)
     print(json.dumps({"rank": args.rank, "seconds": seconds, "seconds_each": seconds_each,
+                      "begun_each": begun_each,
                       "cpu_seconds": cpu_seconds,
                       **stats,
                       "nics": {name: [a[0] - b[0], a[1] - b[1]]
