@@ -4,8 +4,8 @@ bml-net brings up star:N on the software target with every link shaped by tc to 
 (a rate the switch keeps up with). For each size, N workers push through the switch with
 ``bml-host`` (in-network aggregation), then torch.distributed's gloo ``all_reduce`` runs in the
 same namespaces over the same links (the switch only forwards). Printed and written to
-results/allreduce_gst.{md,json,png}: GST (slowest worker), goodput, bytes per NIC against the
-link-bound model (bml/cost_model.py) and the ratio to gloo.
+results/allreduce_gst.{md,json,png}: GST (``benchmarks.common.Run.gst``), goodput, bytes per
+NIC against the link-bound model (bml/cost_model.py) and the ratio to gloo.
 
     python -m benchmarks.allreduce_gst [--rate 10mbit] [--sizes 1M 4M] [--workers 4]
 
@@ -36,8 +36,8 @@ RESULTS = Path("results")
 def run(state, scheme: str, workers: int, size: int, tmp: Path,
         extra: list[str] | None = None) -> dict:
     """Both schemes run alike (``benchmarks/worker.py``): a small warm-up allreduce that also
-    waits for every worker (a barrier), then the timed allreduce; GST is the slowest worker's
-    time, bytes the busiest NIC's sent."""
+    waits for every worker (a barrier), then the timed allreduce; GST from the last worker's
+    start to the last sum (``Run.gst``), bytes the busiest NIC's sent."""
     check = float_check if scheme == "ring" else (
         lambda total, grads: check_sum(total, grads)[2])
     result = run_workers(state, scheme, workers, size, tmp, extra, check=check)

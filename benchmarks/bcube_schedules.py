@@ -5,9 +5,9 @@ bml-net brings up the BCube on the software target with every link shaped by tbf
 and six switch processes, must be the limit). One job is set up on every switch; for each
 schedule (in-network, host-based, mixed) every server runs ``benchmarks.worker`` at once (a
 warm-up allreduce as a barrier, then the timed one on all its NICs). Printed, and written to
-results/bcube_schedules.{md,json}: GST (slowest worker) against the schedule's own prediction
-(``bml.cost_model.predict``), the bytes each NIC carried each way (its kernel counters)
-against the prediction for that NIC, and every schedule's GST over host-based's.
+results/bcube_schedules.{md,json}: GST (``benchmarks.common.Run.gst``) against the schedule's
+own prediction (``bml.cost_model.predict``), the bytes each NIC carried each way (its kernel
+counters) against the prediction for that NIC, and every schedule's GST over host-based's.
 
     python -m benchmarks.bcube_schedules [--topo bcube:3,2] [--rate 5mbit] [--size 4M]
 """

@@ -50,7 +50,7 @@ def have_torch() -> bool:
 
 @dataclass
 class Run:
-    """One scheme's run: every participant's report; GST is the slowest worker's time."""
+    """One scheme's run: every participant's report, and the call's GST from them."""
 
     reports: list[dict]
     correct: bool

@@ -7,8 +7,8 @@ Two tables, printed and written to results/faults.{md,json}:
    shape``), against the same push with neither on the same links, in the same run; the
    targets are 95% of the lossless goodput at 1%, 80% at 5% and 60% at 10%. Timed by
    ``benchmarks.worker``: a warm-up allreduce (the barrier), then ``--repeat`` timed pushes,
-   the GST the median of each push's slowest worker (one push at 500K floats varies by
-   +-10% under loss).
+   the GST the median of the pushes, each from the last worker's start to the last sum
+   (one push at 500K floats varies by +-10% under loss).
 2. **Faults**, each injected with bml-net's own functions once the switch has added a
    quarter of the push: a worker killed, a worker frozen (SIGSTOP), the switch killed, a NIC
    losing its carrier, the controller killed. For each: how long until every survivor had

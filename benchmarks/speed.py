@@ -139,8 +139,8 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
 
 
 def write_results(rows: list[dict], rate: str, repeat: int) -> None:
-    lines = [f"Links: tbf at {rate} each way; GST = the median over {repeat} timed calls of "
-             "the slowest worker's time. CPU: "
+    lines = [f"Links: tbf at {rate} each way; GST = the median over {repeat} timed calls, each "
+             "from the last worker's start to the last sum. CPU: "
              "seconds per GB of gradient (4 bytes x floats x workers).", "",
              "| topology | lanes | floats | schedule | GST s | gloo GST s | vs gloo | "
              "host CPU s/GB | switch CPU s/GB | gloo CPU s/GB | correct |",
