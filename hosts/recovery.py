@@ -40,12 +40,6 @@ RTO_INITIAL = 0.05  # s, before any answer
 RTO_FLOOR = 0.02
 TAIL_RTO_FLOOR = 0.005
 TAIL_FRAMES = 1 / 8
-# Frames a window keeps in flight until its first answer. Until every member has sent its
-# first frame no slot can be answered, and frames queued meanwhile delay every packet behind
-# them on the link, among them the re-sent segments of a neighbour's lost exponent exchange,
-# which is what the call is waiting for (star:4, 500K floats, 5% loss, 20 Mbit/s: a start of
-# 40-150 ms with the whole window queued).
-FIRST_FLIGHT = 32
 # Timer scans (``overdue`` walks every slot of every window) at most this often.
 SCAN_LEAST = 0.005
 
@@ -253,10 +247,9 @@ class SlotWindow:
     (``total_uses``) and what a use's frame holds (``frame_of``), and reads the answers. The
     frames presumed in the link's queue are those sent after the latest frame answered (the
     queue is FIFO: anything sent before that one has passed it, or was lost); at most
-    ``in_flight`` are (``FIRST_FLIGHT`` until the first answer), and uses beyond wait in
-    ``held``, lowest sequence number first, so that every member sends the blocks in the same
-    order whatever order its answers came in (a member sending ahead of the others waits for
-    them in the switch, not the link).
+    ``in_flight`` are, and uses beyond wait in ``held``, lowest sequence number first, so that
+    every member sends the blocks in the same order whatever order its answers came in (a
+    member sending ahead of the others waits for them in the switch, not the link).
 
     ``in_order``: every member sends the same sequence in the same order, so a frame of this
     worker's sent later and answered sooner says the earlier one is lost (RACK's evidence
@@ -311,8 +304,7 @@ class SlotWindow:
     def release(self, now: float) -> None:
         """Send held uses, lowest sequence number first, while the queue has room."""
         held, sends = self.held, self.sends
-        limit = self.in_flight if self.answers else min(self.in_flight, FIRST_FLIGHT)
-        while held and len(sends) < limit:
+        while held and len(sends) < self.in_flight:
             seq, slot = heapq.heappop(held)
             self.send(slot, self.frame_of(slot, seq), now)
 
