@@ -198,11 +198,8 @@ def lossy_gst(topo: str, schedule: str, floats: int, rate: float, loss: float,
     """(GST, every sum right, re-sends) of one fault-free call with ``loss`` each way on
     every link: the loss table's simulated twin (``benchmarks/faults.py``), timed as it is,
     after a warm-up call that makes the mesh, with every worker starting together."""
-    scenario = Scenario(topo, schedule, floats, rate, loss, reorder, timeout=600.0,
-                        window=DEFAULT_WINDOW, seed=seed)
-    world = World(scenario)
+    world = _gst_world(topo, schedule, floats, rate, DEFAULT_LANES, seed, loss, reorder)
     servers = world.topology.num_servers
-    world.call([np.ones(64, np.float32)] * servers, [], 900.0)
     call = _timed_call(world, gradients(np.random.default_rng(seed), servers, floats), [])
     resent = sum(w.outcome.stats.retransmissions for w in world.workers.values()
                  if w.outcome is not None and w.outcome.stats)
@@ -234,11 +231,11 @@ class GstRun:
 
 
 def _gst_world(topo: str, schedule: str, floats: int, rate: float, lanes: int,
-               seed: int) -> World:
+               seed: int, loss: float = 0.0, reorder: float = 0.0) -> World:
     """A world for timed calls, warmed up as the emulation's benchmarks warm up (a first
     call makes the mesh and is a barrier)."""
-    scenario = Scenario(topo, schedule, floats, rate, lanes=lanes, timeout=3600.0,
-                        start_timeout=60.0, window=DEFAULT_WINDOW, seed=seed)
+    scenario = Scenario(topo, schedule, floats, rate, loss, reorder, lanes=lanes,
+                        timeout=3600.0, start_timeout=60.0, window=DEFAULT_WINDOW, seed=seed)
     world = World(scenario)
     world.call([np.ones(64, np.float32)] * world.topology.num_servers, [], 600.0)
     return world
