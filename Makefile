@@ -55,7 +55,7 @@ train: setup  # LeNet-5 through BML-INA and through gloo; e.g. ARGS='--topo bcub
 	$(PY) -m train $(ARGS)
 
 sim-soak: setup  # 20,000 seeded fault trials of the real engine and pipeline in virtual time
-	$(PY) -m simulation.cli soak --seeds $${SEEDS:-20000} --topos bcube:2,2,star:4,bcube:3,2,bcube:2,3,bcube:4,2,bcube:3,3
+	$(PY) -m simulation.cli soak --seeds $${SEEDS:-20000} --jobs $${JOBS:-0} --topos bcube:2,2,star:4,bcube:3,2,bcube:2,3,bcube:4,2,bcube:3,3
 
 lint: setup
 	$(PY) -m ruff check .

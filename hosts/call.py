@@ -916,7 +916,8 @@ class Call:
                           generation_question(self.plan.probe_job(), self.me[level], self.wire))
             owed = [f"{c.name}: {c.waiting()} slot(s) waiting"
                     for (_p, lvl), c in self.channels.items() if lvl == level and c.waiting()]
-            if not switch_down(nic, now, ask, awaiting=bool(owed)):
+            if not switch_down(nic, now, ask, awaiting=bool(owed),
+                               starting=self.phase is Phase.EXPONENTS):
                 continue
             raise PartFailed(
                 f"{self.who()}: switch {self._switch_name(level)} ({nic.switch_ip}, level "

@@ -81,6 +81,11 @@ FIRST_ANSWER_DEADLINE = 10.0
 # (``NicState.delivered``), so a question goes out only once they too have paused: then no
 # stream fills the down queue ahead of the answer.
 QUIET_NIC_DEADLINE = 1.0
+# ... and in the exponent exchange before any answer time is known (a fresh process): the
+# heaviest moment of a loaded host, every worker process starting and quantising at once.
+# BMv2's default build, four switches beside four workers on two cores, answered none of
+# four questions in 1.5-1.9 s there (bcube:2,2, in 2 of 7 pushes with a busy loop beside).
+START_DEADLINE = 3.0
 # The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
 # may still be draining a previous call's frames through the switch.
 CONNECT_QUESTION_WAIT = 1.5
@@ -152,23 +157,40 @@ class NicState:
     # the streams, and the windows' answers wait their turn behind them (``overdue``).
     delivered: float = float("-inf")
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
-    restarted: bool = False  # a new plan began and no slot has been answered since
+    # The longest the switch took to show life after the watch's first question (a near
+    # miss): how long this machine's switches pause, which the deadline then waits out.
+    pause: float = 0.0
+    # A fresh process, or a new plan, whose first windows are not answered yet (``restart``).
+    restarted: bool = True
+    settling: int = 0  # answers still to come before they are (``expect``)
     questions: int = 0  # how often since
 
     def restart(self) -> None:
         """The job goes on under a new plan (a re-planning, a shrink): its next call's first
         window is a burst of every member at once, through switches that may now carry
         detoured streams too and still work through the abandoned call's frames, as a fresh
-        process's first window is. Until its first answer the switch watch waits as long as
-        it does for a fresh NIC where that is longer (``watch_bounds``)."""
-        self.restarted = True
+        process's first window is. Until those windows are answered the switch watch waits
+        as long as it does for a fresh NIC where that is longer (``watch_bounds``): the first
+        answers come through an empty queue, and answer times from them alone say nothing
+        of the queue every member's first window then makes (BMv2's default build, bcube:2,2
+        on two cores: a second switch taken for dead 1.0-1.3 s into a fresh push, after 25
+        quick answers, with its 256 slots queued behind the others')."""
+        self.restarted, self.settling = True, 0
+
+    def expect(self, frames: int) -> None:
+        """A window put ``frames`` in flight at its start: while restarted, the watch stays
+        patient until as many answers came."""
+        if self.restarted:
+            self.settling += frames
 
     def heard(self, now: float) -> None:
-        """A frame from the switch arrived: it is alive."""
-        self.last_heard, self.asked = now, 0.0
+        """A frame from the switch arrived: it is alive (the watch sees it on its next scan)."""
+        self.last_heard = now
 
     def answered(self) -> None:
-        self.restarted = False
+        self.settling -= 1
+        if self.settling <= 0:
+            self.restarted = False
         self.budget = min(RETX_BUDGET_CAP, self.budget + RETX_PER_ANSWER)
 
     def answer_time(self) -> float:
@@ -187,16 +209,20 @@ def scan_interval(nics: list[NicState]) -> float:
     return max(SCAN_LEAST, min(max(TAIL_RTO_FLOOR, nic.rto.base) for nic in nics) / 2)
 
 
-def watch_bounds(nic: NicState, awaiting: bool) -> tuple[float, float]:
+def watch_bounds(nic: NicState, awaiting: bool, starting: bool = False) -> tuple[float, float]:
     """(silence, deadline) of a liveness watch over this NIC: how long without a sign of life
     before asking, and how long for an answer after. Both grow with the answer times the NIC
-    sees, so a loaded link's queue is not taken for a dead part. ``awaiting``: slots of this
-    NIC's wait for answers."""
-    fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else QUIET_NIC_DEADLINE)
+    sees, so a loaded link's queue is not taken for a dead part, and the deadline with the
+    longest pause the switch came back from (``NicState.pause``), so a loaded host's is not
+    either. ``awaiting``: slots of this NIC's wait for answers; ``starting``: the call is in
+    its exponent exchange."""
+    fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else
+             START_DEADLINE if starting else QUIET_NIC_DEADLINE)
     if not nic.rto.samples:  # no answer time known yet: the call's first burst may be queued
-        return fresh
+        return fresh[0], max(fresh[1], 2 * nic.pause)
     answer = nic.answer_time()
-    silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
+    silence = max(SWITCH_SILENCE, answer)
+    deadline = max(SWITCH_DEADLINE, 2 * answer, 2 * nic.pause)
     if nic.restarted:
         return max(silence, fresh[0]), max(deadline, fresh[1])
     return silence, deadline
@@ -209,7 +235,7 @@ def detection_time(nic: NicState) -> float:
 
 
 def switch_down(nic: NicState, now: float, ask: Callable[[], None],
-                awaiting: bool = True) -> bool:
+                awaiting: bool = True, starting: bool = False) -> bool:
     """The switch watch of one NIC, run on every timer scan of a call. A switch that has sent
     nothing for the watch's silence is asked whether it is alive (``ask`` sends a GENERATION
     question, which it answers whatever the other workers do, four times within the
@@ -217,9 +243,12 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None],
     down or cut off, and the call fails at once instead of waiting out its timeout. A
     neighbour's mesh message over this NIC came through the switch too: it is as good a sign
     of life as a frame from it (a host-based NIC's only one)."""
-    silence, deadline = watch_bounds(nic, awaiting)
-    if now - max(nic.last_heard, nic.delivered) < silence:
-        nic.asked = 0.0  # alive since any question
+    silence, deadline = watch_bounds(nic, awaiting, starting)
+    alive = max(nic.last_heard, nic.delivered)
+    if now - alive < silence:
+        if 0 < nic.asked < alive:  # alive again after a question: how long that took
+            nic.pause = max(nic.pause, alive - nic.asked)
+        nic.asked = 0.0
         return False
     if not nic.asked:
         nic.asked, nic.questions = now, 0
@@ -287,6 +316,7 @@ class SlotWindow:
         self.one_slot_first = one_slot_first
         self.answers = 0
         self.last_answer = now
+        nic.expect(min(in_flight, sum(total_uses)))
 
     def frame_of(self, slot: int, seq: int) -> bytes:
         """The frame of the slot's next use (sequence number ``seq``)."""

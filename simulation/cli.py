@@ -1,7 +1,7 @@
 """``bml-sim``: the deterministic simulator's command line.
 
     bml-sim run --seed 17 --topo bcube:3,2          one trial, replayable; exit 1 if it fails
-    bml-sim soak --seeds 20000                      many trials over several topologies
+    bml-sim soak --seeds 20000 --jobs 0             many trials over several topologies, all CPUs
     bml-sim loss --floats 500K --rate 20e6          goodput under 0/1/5/10% loss, star:4
     bml-sim gst --topo bcube:3,2 --floats 1M        every schedule's GST beside the cost model
     bml-sim gst --topo bcube:4,3 --fail s0_1        ... with a switch killed mid-call
@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 
 from bml.protocol import BUILT_LANES, DEFAULT_LANES
 from bml.schedule import SCHEDULES
@@ -47,38 +49,53 @@ def print_verdict(verdict: Verdict) -> None:
         print(f"  PROBLEM: {problem}")
 
 
+def _trial(job: tuple) -> tuple[str, int, str | None]:
+    """One soak trial (a worker process's task): its fault kind, whether a fault came after
+    a first sum, and what failed (None if nothing), with the command that replays it."""
+    seed, topo, floats, rate, loss, kinds, lanes = job
+    verdict = run_seed(seed, topo, floats=floats, rate=rate, loss=loss, kinds=kinds,
+                       lanes=lanes)
+    failure = None
+    if not verdict.ok:
+        failure = (f"FAIL seed {seed} {topo} {verdict.scenario.schedule} "
+                   f"{verdict.scenario.faults[0]}: {verdict.problems[0][:300]}\n"
+                   f"  replay: {verdict.scenario.command()}")
+    return verdict.scenario.faults[0].kind, verdict.late, failure
+
+
 def soak(seeds: int, start: int, topologies: list[str], floats: int, rate: float,
          loss: float, kinds: tuple[str, ...], quiet: bool = False,
-         lanes: int = DEFAULT_LANES) -> int:
-    """Trials spread over ``topologies``; per fault kind: trials, problems, and how many of
-    the trials had a fault that leaves a way on come after the first whole block (where
-    re-running the call cannot gather everyone, so the sums come from those that hold them)."""
+         lanes: int = DEFAULT_LANES, jobs: int = 1) -> int:
+    """Trials spread over ``topologies``, on ``jobs`` processes (each trial is its own seeded
+    world, so the outcome is the same on any number); per fault kind: trials, problems, and
+    how many of the trials had a fault that leaves a way on come after the first whole block
+    (where re-running the call cannot gather everyone, so the sums come from those that hold
+    them)."""
     ran, failed, late = Counter(), Counter(), Counter()
     started = time.monotonic()
-    failures = []
-    for i in range(seeds):
-        seed = start + i
-        topo = topologies[i % len(topologies)]
-        verdict = run_seed(seed, topo, floats=floats, rate=rate, loss=loss, kinds=kinds,
-                           lanes=lanes)
-        kind = verdict.scenario.faults[0].kind
-        ran[kind] += 1
-        late[kind] += verdict.late
-        if not verdict.ok:
-            failed[kind] += 1
-            failures.append(verdict)
-            print(f"FAIL seed {seed} {topo} {verdict.scenario.schedule} "
-                  f"{verdict.scenario.faults[0]}: {verdict.problems[0][:300]}\n"
-                  f"  replay: {verdict.scenario.command()}", flush=True)
-        elif not quiet and (i + 1) % 500 == 0:
-            print(f"{i + 1} trials, {sum(failed.values())} failed, "
-                  f"{time.monotonic() - started:.0f} s", flush=True)
+    tasks = [(start + i, topologies[i % len(topologies)], floats, rate, loss, kinds, lanes)
+             for i in range(seeds)]
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    try:
+        outcomes = pool.map(_trial, tasks, chunksize=8) if pool else map(_trial, tasks)
+        for i, (kind, was_late, failure) in enumerate(outcomes):
+            ran[kind] += 1
+            late[kind] += was_late
+            if failure:
+                failed[kind] += 1
+                print(failure, flush=True)
+            elif not quiet and (i + 1) % 500 == 0:
+                print(f"{i + 1} trials, {sum(failed.values())} failed, "
+                      f"{time.monotonic() - started:.0f} s", flush=True)
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
     print(f"{'fault':<16} {'trials':>7} {'failed':>7} {'after a first sum':>18}")
     for kind in sorted(ran):
         print(f"{kind:<16} {ran[kind]:>7} {failed[kind]:>7} {late[kind]:>18}")
-    print(f"{seeds} trials on {', '.join(topologies)} in {time.monotonic() - started:.1f} s: "
-          f"{len(failures)} failed")
-    return 1 if failures else 0
+    print(f"{seeds} trials on {', '.join(topologies)} in {time.monotonic() - started:.1f} s "
+          f"on {jobs} process(es): {sum(failed.values())} failed")
+    return 1 if failed else 0
 
 
 def loss_table(topo: str, floats: int, rate: float, reorder: float) -> int:
@@ -125,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     soak_parser.add_argument("--start", type=int, default=0)
     soak_parser.add_argument("--topos", default=",".join(SOAK_TOPOLOGIES[:4]),
                              help="topologies to spread the trials over")
+    soak_parser.add_argument("--jobs", type=int, default=1,
+                             help="processes to run the trials on (0: one per CPU)")
     gst = commands.add_parser("gst")
     gst.add_argument("--topo", default="bcube:2,2")
     gst.add_argument("--schedule", choices=SCHEDULES, action="append",
@@ -162,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print_verdict(verdict)
         return 0 if verdict.ok else 1
     return soak(args.seeds, args.start, _topologies(args.topos), args.floats, args.rate,
-                args.loss, kinds, lanes=args.lanes)
+                args.loss, kinds, lanes=args.lanes, jobs=args.jobs or os.cpu_count() or 1)
 
 
 def gst_table(topo: str, schedules: list[str], floats: int, rate: float, lanes: int,

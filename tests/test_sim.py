@@ -182,3 +182,17 @@ def test_a_switch_killed_half_way_is_detected_and_the_degraded_plan_runs_at_the_
     assert run.detection < (1.7 if schedule == "host-based" else 1.2)
     assert run.detection < run.recovery < run.detection + 0.5
     assert run.predicted <= run.degraded_gst < 1.6 * run.predicted
+
+
+def test_a_soak_on_two_processes_counts_what_one_does(capsys):
+    """``bml-sim soak --jobs``: every trial is its own seeded world, so spreading them over
+    processes changes the wall time, not the counts."""
+    tables = []
+    for jobs in (1, 2):
+        code = sim_cli.soak(12, 700, ["bcube:2,2", "star:4"], 4096, 100e6, 0.0,
+                            sim_cli.FAULT_KINDS, quiet=True, jobs=jobs)
+        assert code == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[-1].endswith(f"on {jobs} process(es): 0 failed"), lines[-1]
+        tables.append(lines[:-1])
+    assert tables[0] == tables[1] and len(tables[0]) > 2

@@ -1,0 +1,88 @@
+"""The switch watch (``hosts.recovery.switch_down``), without I/O: when a silent switch is
+taken for dead, and how the watch learns the pauses of a loaded machine's switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from hosts.recovery import (
+    FIRST_ANSWER_DEADLINE,
+    QUIET_NIC_DEADLINE,
+    START_DEADLINE,
+    SWITCH_SILENCE,
+    NicState,
+    switch_down,
+    watch_bounds,
+)
+
+
+def declared_down_after(nic: NicState, start: float, step: float = 0.01, **kwargs) -> float:
+    """Seconds of silence from ``start`` until the watch takes the switch for dead; the
+    questions it asks are counted on the NIC."""
+    now = start
+    while not switch_down(nic, now, lambda: None, **kwargs):
+        now += step
+        assert now - start < 60, "never declared down"
+    return now - start
+
+
+def test_a_dead_switch_is_found_within_its_bounds_and_in_the_exchange_later():
+    quiet = NicState(0, "10.1.255.1")
+    assert declared_down_after(quiet, 0.0, awaiting=False) <= \
+        SWITCH_SILENCE + QUIET_NIC_DEADLINE + 0.02
+    assert quiet.questions == 4
+    starting = NicState(0, "10.1.255.1")
+    found = declared_down_after(starting, 0.0, awaiting=False, starting=True)
+    assert SWITCH_SILENCE + START_DEADLINE <= found <= SWITCH_SILENCE + START_DEADLINE + 0.02
+
+
+def answered(nic: NicState, answers: int, seconds: float = 0.005) -> None:
+    for _ in range(answers):
+        nic.rto.sample(seconds)
+        nic.answered()
+
+
+def test_a_fresh_nic_is_patient_until_its_first_window_is_answered_not_its_first_answer():
+    """The first answers come through an empty queue; the rest of every member's first
+    window then queues in the switch, and a quick first answer time must not make the watch
+    take the queue for a dead switch."""
+    nic = NicState(0, "10.1.255.1")
+    nic.expect(256)
+    answered(nic, 25)
+    assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE)
+    answered(nic, 231)
+    assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, 0.5)
+    nic.restart()  # a new plan: its first windows are every member's burst again
+    nic.expect(128)
+    answered(nic, 127)
+    assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE)
+    answered(nic, 1)
+    assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, 0.5)
+
+
+def test_a_switch_that_answered_a_question_late_is_waited_for_longer_from_then_on():
+    nic = NicState(0, "10.1.255.1")
+    answered(nic, 16)
+    silence, deadline = watch_bounds(nic, awaiting=True)
+    assert (silence, deadline) == (SWITCH_SILENCE, 0.5)
+    # Silent from t=0: asked at the silence, the answer comes 0.3 s later (a loaded host).
+    assert not switch_down(nic, SWITCH_SILENCE, lambda: None)
+    nic.heard(SWITCH_SILENCE + 0.3)  # before the deadline: not down ...
+    assert not switch_down(nic, SWITCH_SILENCE + 0.3, lambda: None)
+    assert nic.pause == pytest.approx(0.3)
+    assert watch_bounds(nic, awaiting=True) == pytest.approx((SWITCH_SILENCE, 0.6))
+    # ... and a switch that then dies is still found, within the longer bounds.
+    dead_at = SWITCH_SILENCE + 0.3
+    found = declared_down_after(nic, dead_at)
+    assert SWITCH_SILENCE + 0.6 <= found <= SWITCH_SILENCE + 0.6 + 0.02
+
+
+def test_an_idle_switch_answering_a_question_at_once_does_not_lengthen_the_watch():
+    """A NIC with nothing to hear (the exchange waits on a slow neighbour) is asked after the
+    silence; a prompt answer is no pause of the switch's."""
+    nic = NicState(0, "10.1.255.1")
+    assert not switch_down(nic, 2.0, lambda: None, awaiting=False)  # asked
+    nic.heard(2.004)
+    assert not switch_down(nic, 2.01, lambda: None, awaiting=False)
+    assert nic.pause == pytest.approx(0.004)
+    assert watch_bounds(nic, awaiting=False) == (SWITCH_SILENCE, QUIET_NIC_DEADLINE)
