@@ -218,11 +218,12 @@ def watch_bounds(nic: NicState, awaiting: bool, starting: bool = False) -> tuple
     its exponent exchange."""
     fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else
              START_DEADLINE if starting else QUIET_NIC_DEADLINE)
+    paused = min(2 * nic.pause, FIRST_ANSWER_DEADLINE)  # (a switch restored in time is no pause)
     if not nic.rto.samples:  # no answer time known yet: the call's first burst may be queued
-        return fresh[0], max(fresh[1], 2 * nic.pause)
+        return fresh[0], max(fresh[1], paused)
     answer = nic.answer_time()
     silence = max(SWITCH_SILENCE, answer)
-    deadline = max(SWITCH_DEADLINE, 2 * answer, 2 * nic.pause)
+    deadline = max(SWITCH_DEADLINE, 2 * answer, paused)
     if nic.restarted:
         return max(silence, fresh[0]), max(deadline, fresh[1])
     return silence, deadline
