@@ -218,7 +218,8 @@ def watch_bounds(nic: NicState, awaiting: bool, starting: bool = False) -> tuple
     its exponent exchange."""
     fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else
              START_DEADLINE if starting else QUIET_NIC_DEADLINE)
-    paused = min(2 * nic.pause, FIRST_ANSWER_DEADLINE)  # (a switch restored in time is no pause)
+    # At most the first answer's: a switch restarted within a deadline also came back.
+    paused = min(2 * nic.pause, FIRST_ANSWER_DEADLINE)
     if not nic.rto.samples:  # no answer time known yet: the call's first burst may be queued
         return fresh[0], max(fresh[1], paused)
     answer = nic.answer_time()
