@@ -83,8 +83,9 @@ FIRST_ANSWER_DEADLINE = 10.0
 QUIET_NIC_DEADLINE = 1.0
 # ... and in the exponent exchange before any answer time is known (a fresh process): the
 # heaviest moment of a loaded host, every worker process starting and quantising at once.
-# BMv2's default build, four switches beside four workers on two cores, answered none of
-# four questions in 1.5-1.9 s there (bcube:2,2, in 2 of 7 pushes with a busy loop beside).
+# BMv2's default build, four switches beside four workers on two cores, was silent there
+# for 1.5-1.9 s, four questions unanswered (bcube:2,2 re-planning test, with a busy loop
+# beside: in 5 of its 21 runs).
 START_DEADLINE = 3.0
 # The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
 # may still be draining a previous call's frames through the switch.
