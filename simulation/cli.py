@@ -49,10 +49,10 @@ def print_verdict(verdict: Verdict) -> None:
         print(f"  PROBLEM: {problem}")
 
 
-def _trial(job: tuple) -> tuple[str, int, str | None]:
+def _trial(task: tuple) -> tuple[str, int, str | None]:
     """One soak trial (a worker process's task): its fault kind, whether a fault came after
     a first sum, and what failed (None if nothing), with the command that replays it."""
-    seed, topo, floats, rate, loss, kinds, lanes = job
+    seed, topo, floats, rate, loss, kinds, lanes = task
     verdict = run_seed(seed, topo, floats=floats, rate=rate, loss=loss, kinds=kinds,
                        lanes=lanes)
     failure = None
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not kinds:
         parser.error(f"unknown fault kind(s) {', '.join(unknown) or '(none)'}: "
                      f"{', '.join(FAULT_KINDS)}")
+    if args.command == "soak" and args.jobs < 0:
+        parser.error(f"--jobs {args.jobs}: a number of processes, or 0 for one per CPU")
     if args.command == "run":
         verdict = run_seed(args.seed, args.topo, args.schedule, args.floats, args.rate,
                            args.loss, kinds, lanes=args.lanes)
