@@ -158,9 +158,6 @@ class NicState:
     # the streams, and the windows' answers wait their turn behind them (``overdue``).
     delivered: float = float("-inf")
     asked: float = 0.0  # when the switch was first asked whether it is alive (0: not asked)
-    # The longest the switch took to show life after the watch's first question (a near
-    # miss): how long this machine's switches pause, which the deadline then waits out.
-    pause: float = 0.0
     # A fresh process, or a new plan, whose first windows are not answered yet (``restart``).
     restarted: bool = True
     settling: int = 0  # answers still to come before they are (``expect``)
@@ -185,8 +182,8 @@ class NicState:
             self.settling += frames
 
     def heard(self, now: float) -> None:
-        """A frame from the switch arrived: it is alive (the watch sees it on its next scan)."""
-        self.last_heard = now
+        """A frame from the switch arrived: it is alive."""
+        self.last_heard, self.asked = now, 0.0
 
     def answered(self) -> None:
         self.settling -= 1
@@ -213,19 +210,14 @@ def scan_interval(nics: list[NicState]) -> float:
 def watch_bounds(nic: NicState, awaiting: bool, starting: bool = False) -> tuple[float, float]:
     """(silence, deadline) of a liveness watch over this NIC: how long without a sign of life
     before asking, and how long for an answer after. Both grow with the answer times the NIC
-    sees, so a loaded link's queue is not taken for a dead part, and the deadline with the
-    longest pause the switch came back from (``NicState.pause``), so a loaded host's is not
-    either. ``awaiting``: slots of this NIC's wait for answers; ``starting``: the call is in
-    its exponent exchange."""
+    sees, so a loaded link's queue is not taken for a dead part. ``awaiting``: slots of this
+    NIC's wait for answers; ``starting``: the call is in its exponent exchange."""
     fresh = (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE if awaiting else
              START_DEADLINE if starting else QUIET_NIC_DEADLINE)
-    # At most the first answer's: a switch restarted within a deadline also came back.
-    paused = min(2 * nic.pause, FIRST_ANSWER_DEADLINE)
     if not nic.rto.samples:  # no answer time known yet: the call's first burst may be queued
-        return fresh[0], max(fresh[1], paused)
+        return fresh
     answer = nic.answer_time()
-    silence = max(SWITCH_SILENCE, answer)
-    deadline = max(SWITCH_DEADLINE, 2 * answer, paused)
+    silence, deadline = max(SWITCH_SILENCE, answer), max(SWITCH_DEADLINE, 2 * answer)
     if nic.restarted:
         return max(silence, fresh[0]), max(deadline, fresh[1])
     return silence, deadline
@@ -247,11 +239,8 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None],
     neighbour's mesh message over this NIC came through the switch too: it is as good a sign
     of life as a frame from it (a host-based NIC's only one)."""
     silence, deadline = watch_bounds(nic, awaiting, starting)
-    alive = max(nic.last_heard, nic.delivered)
-    if now - alive < silence:
-        if 0 < nic.asked < alive:  # alive again after a question: how long that took
-            nic.pause = max(nic.pause, alive - nic.asked)
-        nic.asked = 0.0
+    if now - max(nic.last_heard, nic.delivered) < silence:
+        nic.asked = 0.0  # alive since any question
         return False
     if not nic.asked:
         nic.asked, nic.questions = now, 0
