@@ -89,6 +89,7 @@ from hosts.quantize import block_exponents, dequantize, quantize_blocks
 from hosts.recovery import (
     GENERATION_ASK_EVERY,
     HEARTBEAT_EVERY,
+    START_DEADLINE,
     NicState,
     SlotWindow,
     detection_time,
@@ -471,6 +472,17 @@ class Call:
         if not self.asking:
             self._start_exchange(self.newest)
 
+    def _generation_given_up(self, now: float) -> bool:
+        """Whether the switches still silent at the call's start are down: others of this
+        worker's answered (the job is set up), and they were asked every
+        ``GENERATION_ASK_EVERY`` for what a loaded switch may take at a start (as the
+        exchange's watch, ``START_DEADLINE``, or three answer times), not the start timeout."""
+        if not self.answered_levels or self.topology.k == 1:
+            return False
+        wait = max([START_DEADLINE, *(3 * self.nics[level].answer_time()
+                                      for level, _job in self.asking)])
+        return now - self.started >= min(wait, self.start_timeout)
+
     def _generation_timed_out(self) -> None:
         """Switches that never answered: if others of this worker's did, those are down or cut
         off (re-planned around); if none did, the job is most likely not set up."""
@@ -481,8 +493,8 @@ class Call:
             raise PartFailed(
                 f"{self.who()}: switch(es) "
                 f"{', '.join(self._switch_name(lvl) for lvl in silent)} did not answer at the "
-                f"call's start within {self.start_timeout:g} s while the others did: down or "
-                "cut off", broken)
+                f"call's start within {self.now - self.started:.1f} s while the others did: "
+                "down or cut off", broken)
         raise TransportError(
             f"{self.who()}: switch {self.nics[level].switch_ip}"
             f" (level {level}) did not answer for switch job {job} within "
@@ -878,6 +890,8 @@ class Call:
         if now < self.next_scan:
             return
         if self.phase is Phase.GENERATION:
+            if self._generation_given_up(now):
+                self._generation_timed_out()
             self._ask_generation()
             return
         self._watch_switches(now)

@@ -31,10 +31,30 @@ from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Mesh, MeshError
-from hosts.recovery import CONNECT_QUESTION_WAIT, NicState
+from hosts.recovery import (
+    CONNECT_CHECK_AFTER,
+    CONNECT_QUESTION_WAIT,
+    START_DEADLINE,
+    NicState,
+)
 from hosts.stats import CallStats, Replan
 
 __all__ = ["CallStats", "Engine", "Replan"]
+
+class _SlowNeighbours:
+    """The mesh's question when neighbours are slow to connect: is their levels' switch
+    dead? A switch down before the call is then planned around seconds into it, not at the
+    start timeout. The wait for its answer is the exchange's (``START_DEADLINE``): every
+    worker process starting at once loads the switches too."""
+
+    after = CONNECT_CHECK_AFTER
+
+    def __init__(self, engine: Engine, mesh: Mesh) -> None:
+        self.engine, self.mesh = engine, mesh
+
+    def missing(self, levels: set[int]) -> bool:
+        return self.engine._plan_around_silent(self.mesh, levels, START_DEADLINE)
+
 
 class Engine:
     """A worker of one job on every NIC of its server; keep it for many calls."""
@@ -96,45 +116,54 @@ class Engine:
 
         Neighbours that cannot be reached on a level whose switch does not answer either
         (it was down before the call started) are reached over that level's detour: the
-        membership is re-planned around the switch, and the connections made stay."""
+        membership is re-planned around the switch, and the connections made stay. The
+        switches are asked once neighbours are still missing ``CONNECT_CHECK_AFTER`` s in,
+        and again at the start timeout."""
         plan = self.plan
         self.calls = 0
         mesh = Mesh(plan.job, plan.server, plan.topology, self.start_timeout, plan.detours(),
                     plan.addresses(), stream_budgets(plan.schedule, plan.server),
                     mesh_is_control_only(plan.schedule, plan.server), connect=False)
-        while True:
-            try:
-                mesh.establish(self.start_timeout)
-                return mesh
-            except MeshError as exc:
-                levels = {dim for dim, _server in mesh.missing()}
-                silent = self._silent_switches(levels & set(plan.live_levels()))
-                if not silent:
-                    mesh.close(linger=0.0)
-                    raise TransportError(str(exc)) from None
-                names = ", ".join(plan.topology.switch_at(*group).name
-                                  for group in sorted(silent))
-                cause = (f"job {plan.job} server {plan.home}: switch(es) {names} did not "
-                         "answer while the mesh was made: down or cut off")
+        early = _SlowNeighbours(self, mesh) if self.start_timeout > CONNECT_CHECK_AFTER else None
+        try:
+            while True:
                 try:
-                    plan = self.plan = plan.replanned(PartFailed(cause, silent))
-                except TransportError:
-                    mesh.close(linger=0.0)
-                    raise
-                self.connect_replans.append(Replan(cause, plan.schedule.describe(),
-                                                   time.monotonic()))
-                mesh.detours = plan.detours()
+                    mesh.establish(self.start_timeout, early)
+                    return mesh
+                except MeshError as exc:
+                    levels = {dim for dim, _server in mesh.missing()}
+                    if not self._plan_around_silent(mesh, levels, CONNECT_QUESTION_WAIT):
+                        raise TransportError(str(exc)) from None
+        except TransportError:
+            mesh.close(linger=0.0)
+            raise
 
-    def _silent_switches(self, levels: set[int]) -> set[tuple[int, int]]:
+    def _plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
+        """Re-plan around those of the switches of ``levels`` that do not answer (the mesh
+        then dials over their detours); False if every one answers. TransportError if
+        there is no plan around them."""
+        plan = self.plan
+        silent = self._silent_switches(levels & set(plan.live_levels()), least_wait)
+        if not silent:
+            return False
+        names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(silent))
+        cause = (f"job {plan.job} server {plan.home}: switch(es) {names} did not "
+                 "answer while the mesh was made: down or cut off")
+        plan = self.plan = plan.replanned(PartFailed(cause, silent))
+        self.connect_replans.append(Replan(cause, plan.schedule.describe(), time.monotonic()))
+        mesh.detours = plan.detours()
+        return True
+
+    def _silent_switches(self, levels: set[int], least_wait: float) -> set[tuple[int, int]]:
         """The groups of those of this worker's switches that answer no GENERATION question
-        within max(``CONNECT_QUESTION_WAIT``, 3 answer timeouts), asked four times."""
+        within max(``least_wait``, 3 answer timeouts), asked four times."""
         plan = self.plan
         me = plan.topology.digits(plan.server)
         waiting = set(levels)
         buffer = bytearray(MTU)
         # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
         # late, not never.
-        wait = max([CONNECT_QUESTION_WAIT,
+        wait = max([least_wait,
                     *(3 * self.nic_states[level].answer_time() for level in levels)])
         deadline = time.monotonic() + wait
         next_ask = 0.0

@@ -24,6 +24,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bml.protocol import mesh_tcp_port
 from bml.schedule import connection_limit
@@ -42,6 +43,15 @@ RECV_CHUNK = 1 << 18
 # them spuriously, into those same queues.
 TCP_RTO_MIN_US = 45
 CONTROL_RTO_MIN_US = 20_000
+
+
+class SlowMesh(Protocol):
+    """What ``Mesh.establish`` asks when neighbours are slow to connect (``Engine``: whether
+    their levels' switches are dead, and if so the re-planned detours)."""
+
+    after: float
+
+    def missing(self, levels: set[int]) -> bool: ...
 
 
 class MeshError(RuntimeError):
@@ -272,8 +282,14 @@ class Mesh:
         return sorted({(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
                       - set(self.peers))
 
-    def establish(self, timeout: float) -> None:
-        """Connect to every neighbour not connected yet, within ``timeout`` (MeshError)."""
+    def establish(self, timeout: float, slow: SlowMesh | None = None) -> None:
+        """Connect to every neighbour not connected yet, within ``timeout`` (MeshError).
+
+        ``slow``: asked once when neighbours are still missing ``slow.after`` seconds in,
+        with their levels, while the listeners stay open (closing one would reset the
+        connections its queue holds, which their dialers already use); if it changed
+        ``detours`` (re-planned around a dead switch) it returns True and ``timeout`` runs
+        again from then."""
         topo, me = self.topology, self.server
         port = mesh_tcp_port(self.job)
         listeners = []
@@ -290,20 +306,28 @@ class Mesh:
                 listener.listen(64)
                 listener.setblocking(False)
                 listeners.append(listener)
-            self._establish(listeners, port, timeout)
+            self._establish(listeners, port, timeout, slow)
         finally:
             for listener in listeners:
                 listener.close()
 
-    def _establish(self, listeners: list[socket.socket], port: int, timeout: float) -> None:
+    def _establish(self, listeners: list[socket.socket], port: int, timeout: float,
+                   slow: SlowMesh | None) -> None:
         topo, me = self.topology, self.server
         to_dial = [(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim) if s > me]
         expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
         pending: dict[socket.socket, int] = {}  # accepted, hello not yet read -> its NIC
         deadline = time.monotonic() + timeout
+        ask_at = time.monotonic() + slow.after if slow is not None else float("inf")
         next_try = {key: 0.0 for key in to_dial}
         while set(self.peers) != expected:
             now = time.monotonic()
+            if now >= ask_at:
+                ask_at = float("inf")
+                if slow.missing({dim for dim, _s in expected - set(self.peers)}):
+                    now = time.monotonic()
+                    deadline, ask_at = now + timeout, now + slow.after
+                    next_try = dict.fromkeys(to_dial, now)
             if now > deadline:
                 missing = sorted(expected - set(self.peers))
                 raise MeshError(

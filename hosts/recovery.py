@@ -90,6 +90,10 @@ START_DEADLINE = 3.0
 # The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
 # may still be draining a previous call's frames through the switch.
 CONNECT_QUESTION_WAIT = 1.5
+# A worker whose mesh still misses neighbours this long after it began asks their levels'
+# switches (waiting ``START_DEADLINE`` for an answer): a switch down before the call is
+# planned around from the start, not once the start timeout has passed.
+CONNECT_CHECK_AFTER = 2.0
 GENERATION_ASK_EVERY = 0.05  # s between GENERATION questions at a call's start: a lost one's cost
 # A worker that still misses blocks says so (a HERE) to a neighbour that said DONE and that
 # it has sent nothing else for this long: a neighbour that holds the whole sum and hears

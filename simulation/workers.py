@@ -25,7 +25,7 @@ from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import CONTROL_RTO_MIN_US, abort_message, decode_message
-from hosts.recovery import NicState
+from hosts.recovery import CONNECT_CHECK_AFTER, START_DEADLINE, NicState
 from hosts.stats import CallStats, Replan
 from simulation.network import MIN_RTO, Clock, Network
 
@@ -122,6 +122,9 @@ class SimWorker:
             self.closed.clear()
         self.connect_deadline = self.clock.now + self.start_timeout
         self.clock.at(self.connect_deadline, self._connect_timeout, self.connect_deadline)
+        if self.start_timeout > CONNECT_CHECK_AFTER:
+            self.clock.at(self.clock.now + CONNECT_CHECK_AFTER, self._connect_check,
+                          self.connect_deadline)
         for home in self.wanted():
             other = self.world.workers[home]
             if other.state is State.CONNECTING and self.home in other.wanted() \
@@ -142,30 +145,51 @@ class SimWorker:
             self.state = State.CALLING
             self._start_call()
 
+    def _silent_levels(self) -> set[tuple[int, int]]:
+        """The groups of the switches, on levels with neighbours still missing, that a
+        question would get no answer from."""
+        missing = set(self.wanted()) - set(self.linked)
+        levels = {self.wanted()[home][0] for home in missing} & set(self.plan.live_levels())
+        return {(level, self.plan.topology.switch_index(self.plan.server, level))
+                for level in levels if not self.network.path_up([(self.home, level)])}
+
+    def _connect_check(self, deadline: float) -> None:
+        """As ``Engine._connect``'s early question: neighbours still missing on a level whose
+        switch does not answer within ``START_DEADLINE`` are reached over its detour."""
+        if self.state is State.CONNECTING and self.connect_deadline == deadline \
+                and self._silent_levels():
+            self.clock.at(self.clock.now + START_DEADLINE, self._plan_around_silent, deadline)
+
     def _connect_timeout(self, deadline: float) -> None:
-        """As ``Engine._connect``: neighbours missing on a level whose switch does not answer
-        either are reached over its detour (re-planned); else the push fails."""
+        """As ``Engine._connect`` at the start timeout: neighbours missing on a level whose
+        switch does not answer either are reached over its detour; else the push fails."""
         if self.state is not State.CONNECTING or self.connect_deadline != deadline:
             return
-        missing = sorted(set(self.wanted()) - set(self.linked))
-        levels = {self.wanted()[home][0] for home in missing} & set(self.plan.live_levels())
-        silent = {(level, self.plan.topology.switch_index(self.plan.server, level))
-                  for level in levels
-                  if not self.network.path_up([(self.home, level)])}
-        if silent:
-            cause = (f"job {self.plan.job} server {self.home}: a switch did not answer while "
-                     "the mesh was made: down or cut off")
-            try:
-                self.plan = self.plan.replanned(PartFailed(cause, silent))
-            except TransportError as exc:
-                self._end(error=str(exc))
-                return
-            self.replans.append(Replan(cause, self.plan.schedule.describe(), self.clock.now))
-            self.connect(keep=True)
+        if self._plan_around_silent(deadline):
             return
+        missing = sorted(set(self.wanted()) - set(self.linked))
         self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
                   f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
                   "are all the job's workers running?")
+
+    def _plan_around_silent(self, deadline: float) -> bool:
+        """Re-plan around the silent switches of the levels still missing neighbours, and
+        connect over their detours; False if there are none (or the mesh moved on)."""
+        if self.state is not State.CONNECTING or self.connect_deadline != deadline:
+            return False
+        silent = self._silent_levels()
+        if not silent:
+            return False
+        cause = (f"job {self.plan.job} server {self.home}: a switch did not answer while "
+                 "the mesh was made: down or cut off")
+        try:
+            self.plan = self.plan.replanned(PartFailed(cause, silent))
+        except TransportError as exc:
+            self._end(error=str(exc))
+            return True
+        self.replans.append(Replan(cause, self.plan.schedule.describe(), self.clock.now))
+        self.connect(keep=True)
+        return True
 
     def close_mesh(self) -> None:
         """Every connection of this worker closes; each neighbour learns it after what was

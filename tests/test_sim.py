@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from bml.protocol import WIDEST_LANES
+from hosts.quantize import ExpectedSum
+from hosts.recovery import CONNECT_CHECK_AFTER, START_DEADLINE
 from simulation import cli as sim_cli
-from simulation.world import Fault, Scenario, failover_gst, run_seed, run_trial, simulated_gst
+from simulation.world import (
+    Fault,
+    Scenario,
+    World,
+    failover_gst,
+    gradients,
+    run_seed,
+    run_trial,
+    simulated_gst,
+    wrong_sum,
+)
 
 # 510 seeded trials in CI, spread over the sizes the emulation also runs.
 SOAK = [("bcube:2,2", 200), ("star:4", 150), ("bcube:3,2", 100), ("bcube:2,3", 60)]
@@ -88,9 +101,31 @@ def test_a_switch_killed_mid_call_on_bcube_3_2_is_re_planned_and_the_sums_are_ri
 
 
 def test_a_switch_already_down_when_a_call_starts_is_planned_around():
+    """s1_2 dies as the call starts, its mesh made: its servers ask it for the job's
+    generation, the other switches answer, it stays silent for ``START_DEADLINE``."""
     verdict = run_trial(trial("bcube:3,2", "in-network", Fault("switch", 0.0, "s1_2")))
     assert set(verdict.first_call.values()) == {"ok"}, verdict.first_call
-    assert verdict.gst > 1.0  # found by its silence, then the call ran again around it
+    assert verdict.gst > START_DEADLINE  # found by its silence, then the call ran around it
+    assert verdict.gst < Scenario().start_timeout  # not once the start timeout had passed
+
+
+def test_a_switch_down_before_the_workers_connect_is_planned_around_within_seconds():
+    """s1_2 is down before the processes start: its servers cannot connect on level 1, ask
+    it ``CONNECT_CHECK_AFTER`` into their mesh, find it silent, and connect over the detour;
+    every sum is right long before the start timeout."""
+    scenario = trial("bcube:3,2", "in-network")
+    world = World(scenario)
+    world.network.kill_switch("s1_2")
+    grads = gradients(np.random.default_rng(1), 9, scenario.floats)
+    workers = world.call(grads, [], 60.0)
+    expected = ExpectedSum(grads, scenario.lanes)
+    for server, worker in workers.items():
+        assert worker.outcome is not None and worker.outcome.error is None, (server, worker.state)
+        assert wrong_sum(worker.outcome.result, expected) is None
+        assert worker.outcome.ended < scenario.start_timeout
+    group = [workers[s] for s in (2, 5, 8)]  # s1_2's servers re-planned while connecting
+    assert all("while the mesh was made" in w.replans[0].cause for w in group)
+    assert all(w.replans[0].gave_up_at >= CONNECT_CHECK_AFTER + START_DEADLINE for w in group)
 
 
 def test_a_nic_down_mid_call_is_re_planned_over_the_detour():
