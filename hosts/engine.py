@@ -41,6 +41,7 @@ from hosts.stats import CallStats, Replan
 
 __all__ = ["CallStats", "Engine", "Replan"]
 
+
 class _SlowNeighbours:
     """The mesh's question when neighbours are slow to connect: is their levels' switch
     dead? A switch down before the call is then planned around seconds into it, not at the
@@ -53,7 +54,7 @@ class _SlowNeighbours:
         self.engine, self.mesh = engine, mesh
 
     def missing(self, levels: set[int]) -> bool:
-        return self.engine._plan_around_silent(self.mesh, levels, START_DEADLINE)
+        return self.engine.plan_around_silent(self.mesh, levels, START_DEADLINE)
 
 
 class Engine:
@@ -132,13 +133,13 @@ class Engine:
                     return mesh
                 except MeshError as exc:
                     levels = {dim for dim, _server in mesh.missing()}
-                    if not self._plan_around_silent(mesh, levels, CONNECT_QUESTION_WAIT):
+                    if not self.plan_around_silent(mesh, levels, CONNECT_QUESTION_WAIT):
                         raise TransportError(str(exc)) from None
         except TransportError:
             mesh.close(linger=0.0)
             raise
 
-    def _plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
+    def plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
         """Re-plan around those of the switches of ``levels`` that do not answer (the mesh
         then dials over their detours); False if every one answers. TransportError if
         there is no plan around them."""
