@@ -472,12 +472,17 @@ class Call:
         if not self.asking:
             self._start_exchange(self.newest)
 
+    def _others_answered(self) -> bool:
+        """Another switch of this worker's answered the call's first question: the job is set
+        up, so one still silent is down (on a BCube; a star's one switch has no other)."""
+        return bool(self.answered_levels) and self.topology.k > 1
+
     def _generation_given_up(self, now: float) -> bool:
         """Whether the switches still silent at the call's start are down: others of this
         worker's answered (the job is set up), and they were asked every
         ``GENERATION_ASK_EVERY`` for what a loaded switch may take at a start (as the
         exchange's watch, ``START_DEADLINE``, or three answer times), not the start timeout."""
-        if not self.answered_levels or self.topology.k == 1:
+        if not self._others_answered():
             return False
         wait = max([START_DEADLINE, *(3 * self.nics[level].answer_time()
                                       for level, _job in self.asking)])
@@ -488,7 +493,7 @@ class Call:
         off (re-planned around); if none did, the job is most likely not set up."""
         silent = sorted({level for level, _job in self.asking})
         level, job = min(self.asking)
-        if self.answered_levels and self.topology.k > 1:  # a switch answered: jobs are set up
+        if self._others_answered():
             broken = {(lvl, self.topology.switch_index(self.plan.server, lvl)) for lvl in silent}
             raise PartFailed(
                 f"{self.who()}: switch(es) "
