@@ -47,10 +47,15 @@ class GlooRing:
                                 timeout=datetime.timedelta(seconds=timeout))
         torch.set_num_threads(1)
 
-    def allreduce(self, gradient: np.ndarray) -> np.ndarray:
-        tensor = self._torch.from_numpy(np.array(gradient, dtype=np.float32, copy=True))
-        self._dist.all_reduce(tensor)
-        return tensor.numpy()
+    def allreduce(self, gradient: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The sum of ``gradient`` over the group: gloo sums in place, so in a copy of it,
+        which is ``out`` (float32, of its size) if given, else a new array."""
+        if out is None:
+            out = np.array(gradient, dtype=np.float32, copy=True)
+        else:
+            np.copyto(out, gradient.reshape(out.shape), casting="same_kind")
+        self._dist.all_reduce(self._torch.from_numpy(out))
+        return out
 
     def barrier(self) -> None:
         self._dist.barrier()

@@ -85,7 +85,7 @@ from hosts.buffers import CallBuffers
 from hosts.errors import LengthMismatch, TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Kind, abort_reason, encode_message
-from hosts.quantize import block_exponents, dequantize, quantize_blocks
+from hosts.quantize import block_exponents, dequantize_flat, quantize_blocks
 from hosts.recovery import (
     GENERATION_ASK_EVERY,
     HEARTBEAT_EVERY,
@@ -225,8 +225,10 @@ class Call:
                  progress: Callable[[int, int], None] | None = None,
                  backlog: Callable[[int], bool] | None = None,
                  buffers: CallBuffers | None = None,
-                 queued: Callable[[PeerKey], bool] | None = None) -> None:
+                 queued: Callable[[PeerKey], bool] | None = None,
+                 out: np.ndarray | None = None) -> None:
         self.plan = plan
+        self.out = out  # where the sum goes (``dequantize_flat``), if the caller gave it
         self.buffers = buffers or CallBuffers()
         self.topology = plan.topology
         self.schedule = plan.schedule
@@ -1066,8 +1068,8 @@ class Call:
         if self.failed_after_result is not None:
             self.stats.failure_after_sum = str(self.failed_after_result)
         self.stats.gone = sorted(self.home_of(key) for key in self.gone)
-        n_total = self.topology.num_servers
-        self.result = dequantize(self.acc, self.exponents, n_total).reshape(-1)[:self.length]
+        self.result = dequantize_flat(self.acc, self.exponents, self.topology.num_servers,
+                                      self.length, out=self.out)
         if self.progress is not None:
             self.progress(self.blocks, self.blocks)
 

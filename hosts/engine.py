@@ -196,9 +196,10 @@ class Engine:
             mesh.close()
 
     def allreduce(self, values: np.ndarray,
-                  progress: Callable[[int, int], None] | None = None
-                  ) -> tuple[np.ndarray, CallStats]:
-        """Sum of ``values`` (flat float32) over the job's N servers, and the call's stats.
+                  progress: Callable[[int, int], None] | None = None,
+                  out: np.ndarray | None = None) -> tuple[np.ndarray, CallStats]:
+        """Sum of ``values`` (flat float32) over the job's N servers (in ``out`` if given,
+        written only when the sum is complete), and the call's stats.
 
         A switch or link that fails mid-call is re-planned around (every worker learns of it
         from the ABORT that names it) and the call runs again on the degraded schedule, which
@@ -213,7 +214,7 @@ class Engine:
             call = Call(self.plan, self.nic_states, flat, self.calls, generation,
                         time.monotonic(), self.window, self.timeout, self.start_timeout,
                         self.wire, progress, backlog=lambda level: bool(self.links[level].outbox),
-                        buffers=self.buffers, queued=self._queued)
+                        buffers=self.buffers, queued=self._queued, out=out)
             try:
                 self._drive(call)
             except MeshError as exc:

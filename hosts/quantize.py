@@ -51,8 +51,28 @@ def check_gradient(array: np.ndarray) -> np.ndarray:
     return values
 
 
+def check_out(out: np.ndarray | None, size: int) -> np.ndarray | None:
+    """``out``'s values as a flat view, or a GradientError (before anything is sent) if it
+    cannot take a sum of ``size`` float32 values in place."""
+    if out is None:
+        return None
+    if not isinstance(out, np.ndarray):
+        raise GradientError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.dtype != np.float32 or out.size != size or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise GradientError(
+            f"out must be a writable C-contiguous float32 array of the gradient's {size} "
+            f"values; got {out.dtype} of {out.size} values"
+            f"{'' if out.flags.c_contiguous else ', not contiguous'}"
+            f"{'' if out.flags.writeable else ', read-only'}")
+    return out.reshape(-1)
+
+
 def check_finite(values: np.ndarray) -> None:
-    """Refuse NaN and Inf before anything is sent."""
+    """Refuse NaN and Inf before anything is sent. (NaN and Inf carry into the max or the
+    min: two reading passes, where a mask would be a new array of the gradient's size.)"""
+    if values.size == 0 or (np.isfinite(values.max()) and np.isfinite(values.min())):
+        return
     bad = ~np.isfinite(values)
     if bad.any():
         nan = int(np.isnan(values).sum())
@@ -92,6 +112,9 @@ _WIRE_INT32 = np.dtype(">i4")
 # The largest shift whose power of two, and every |x * 2**s| >= 0.5 it yields, float32 holds
 # exactly: up to here quantising and dequantising run in float32, bit for bit as in float64.
 FLOAT32_SHIFT = 126
+# The largest scaling up (2**-s) that no int32 sum can overflow float32 at: |sum| <= 2**31,
+# and 2**31 * 2**96 = 2**127 is below float32's max.
+OVERFLOW_SHIFT = 96
 
 
 def quantize_blocks(blocks: np.ndarray, biased_exponents: np.ndarray, num_workers: int,
@@ -137,27 +160,56 @@ def quantize_to_wire(block: np.ndarray, biased_exponent: int, num_workers: int) 
     return np.rint(block * block.dtype.type(2.0 ** s)).astype(_WIRE_INT32).tobytes()
 
 
-def dequantize(sums: np.ndarray, biased_exponents: np.ndarray, num_workers: int) -> np.ndarray:
-    """float32 sums of rows of int32 sums, each row with its max exponent.
+def dequantize(sums: np.ndarray, biased_exponents: np.ndarray, num_workers: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """float32 sums of rows of int32 sums, each row with its max exponent, into ``out``
+    (float32, of the sums' shape) if given.
 
     In float32 where that is exact: int32 -> float32 rounds once, and scaling by 2**-s then
     is exact while every result stays a normal float32 (s <= FLOAT32_SHIFT), so this is the
     float64 route's single rounding bit for bit at a tenth of its cost; rows of tinier blocks
     take the float64 route. Raises GradientError where the true sum is beyond float32 (an
-    Inf would be a wrong sum)."""
+    Inf would be a wrong sum), before it writes anything: only rows scaled up by more than
+    OVERFLOW_SHIFT can be, so only those are computed twice."""
     s = shift(biased_exponents, num_workers)
     narrow = s <= FLOAT32_SHIFT
-    with np.errstate(over="ignore"):  # an overflow is refused below
-        # one pass: each int32 rounded to float32 (as astype would), then scaled exactly
-        out = np.multiply(sums, np.ldexp(np.float32(1), np.where(narrow, -s, 0).astype(
-            np.int32))[:, None], dtype=np.float32)
+    scale = np.ldexp(np.float32(1), np.where(narrow, -s, 0).astype(np.int32))[:, None]
+    risky = s < -OVERFLOW_SHIFT
+    if risky.any():
+        with np.errstate(over="ignore"):
+            if not np.isfinite(np.multiply(sums[risky], scale[risky], dtype=np.float32)).all():
+                peak = float(np.max(np.abs(np.ldexp(sums[risky].astype(np.float64),
+                                                    -s[risky][:, None]))))
+                raise GradientError(
+                    f"the sum reaches {peak:.3g}, beyond float32's range "
+                    f"({np.finfo(np.float32).max:.3g}); scale the gradients down")
+    # one pass: each int32 rounded to float32 (as astype would), then scaled exactly
+    out = np.multiply(sums, scale, out=out, dtype=np.float32)
     if not narrow.all():
         rows = ~narrow
         out[rows] = np.ldexp(sums[rows].astype(np.float64), -s[rows][:, None])
-    if out.size and not np.isfinite(out).all():
-        peak = float(np.max(np.abs(np.ldexp(sums.astype(np.float64), -s[:, None]))))
-        raise GradientError(f"the sum reaches {peak:.3g}, beyond float32's range "
-                            f"({np.finfo(np.float32).max:.3g}); scale the gradients down")
+    return out
+
+
+def dequantize_flat(sums: np.ndarray, biased_exponents: np.ndarray, num_workers: int,
+                    length: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The first ``length`` values of ``dequantize``'s rows, flat: in ``out`` (float32,
+    C-contiguous, ``length`` values) if given, else in a new array (a view of whole rows).
+
+    Into ``out`` no page of a new array is touched: a fresh 16 MB result cost each worker
+    more CPU in page faults than dequantising it (star:4, 4M floats). A refused sum leaves
+    ``out`` as it was (it may be the caller's gradient itself: an in-place allreduce)."""
+    if out is None:
+        return dequantize(sums, biased_exponents, num_workers).reshape(-1)[:length]
+    lanes = sums.shape[1]
+    full = length // lanes
+    rest = length - full * lanes
+    tail = dequantize(sums[full:full + 1], biased_exponents[full:full + 1], num_workers) \
+        if rest else None  # (first: it may be the one refused)
+    dequantize(sums[:full], biased_exponents[:full], num_workers,
+               out=out[:full * lanes].reshape(full, lanes))
+    if tail is not None:
+        out[full * lanes:] = tail.reshape(-1)[:rest]
     return out
 
 

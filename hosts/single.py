@@ -49,7 +49,7 @@ from bml.protocol import (
     width_mismatch,
 )
 from hosts.errors import LengthMismatch, TransportError
-from hosts.quantize import block_exponents, dequantize, quantize_to_wire
+from hosts.quantize import block_exponents, dequantize_flat, quantize_to_wire
 from hosts.recovery import (
     GENERATION_ASK_EVERY,
     NicState,
@@ -142,7 +142,9 @@ class SingleSwitchCall:
     def __init__(self, job: int, worker: int, workers: int, nic: NicState, flat: np.ndarray,
                  last_generation: int | None, now: float, window: int, timeout: float,
                  start_timeout: float, wire: Wire,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 out: np.ndarray | None = None) -> None:
+        self.out = out  # where the sum goes (``dequantize_flat``), if the caller gave it
         self.job, self.worker, self.workers, self.nic = job, worker, workers, nic
         self.wire = wire  # the switch's lane width: a chunk is one packet's values
         self.now = self.started = now
@@ -343,8 +345,8 @@ class SingleSwitchCall:
         if self.progress is not None:
             self.progress(self.chunks, self.chunks)
         self.stats.seconds = self.now - self.started
-        self.result = dequantize(self.sums, self.max_exponents,
-                                 self.workers).reshape(-1)[:self.length]
+        self.result = dequantize_flat(self.sums, self.max_exponents, self.workers,
+                                      self.length, out=self.out)
 
     def _fail(self) -> None:
         waited = self.now - self.started

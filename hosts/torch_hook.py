@@ -83,13 +83,14 @@ class BmlHookState:
         return self.worker.schedule_name
 
     def allreduce_mean(self, flat: np.ndarray) -> np.ndarray:
-        """Sum over the ranks through BML-INA, divided by the world size (float32)."""
+        """Sum over the ranks through BML-INA, divided by the world size (float32), in
+        ``flat`` itself (the hook's own copy of the bucket): no new array per bucket."""
         if self.error is not None:
             raise HookFailed(f"rank {self.rank}: an earlier gradient allreduce failed: "
                              f"{self.error}") from self.error
         started = time.monotonic()
         try:
-            total = self.worker.allreduce(flat)
+            total = self.worker.allreduce(flat, out=flat)
         except Exception as exc:
             self.error = exc
             raise HookFailed(f"rank {self.rank}: gradient allreduce through BML-INA (job "
@@ -100,7 +101,8 @@ class BmlHookState:
             self.seconds += time.monotonic() - started
             self.retransmissions += self.worker.last_stats.retransmissions
         # An elastic job that lost a worker sums over fewer: the mean is over those.
-        return (total / (self.worker.workers or self.world)).astype(np.float32, copy=False)
+        total /= np.float32(self.worker.workers or self.world)
+        return total
 
     def close(self) -> None:
         """Stop the thread (dropping calls not started) and release the worker's sockets."""

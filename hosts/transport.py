@@ -41,14 +41,15 @@ class AggregationTransport:
     def close(self) -> None:
         self.link.sock.close()
 
-    def allreduce(self, values: np.ndarray, progress: Callable[[int, int], None] | None = None
-                  ) -> tuple[np.ndarray, CallStats]:
-        """Sum of ``values`` (flat float32) over the job's workers, and this call's stats."""
+    def allreduce(self, values: np.ndarray, progress: Callable[[int, int], None] | None = None,
+                  out: np.ndarray | None = None) -> tuple[np.ndarray, CallStats]:
+        """Sum of ``values`` (flat float32) over the job's workers (in ``out`` if given), and
+        this call's stats."""
         flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
         last, self.generation = self.generation, None
         call = SingleSwitchCall(self.job_id, self.worker_id, self.num_workers, self.nic, flat,
                                 last, time.monotonic(), self.window, self.timeout,
-                                self.start_timeout, self.wire, progress)
+                                self.start_timeout, self.wire, progress, out)
         drive(call, [self.link], {}, 0, call.who())
         if call.error is not None:
             raise call.error

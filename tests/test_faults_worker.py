@@ -153,6 +153,50 @@ def test_elastic_worker_goes_on_as_the_smaller_job(star4, tmp_path):
             assert check_sum(np.load(tmp_path / f"sum{rank}-{call}.npy"), grads)[2]
 
 
+IN_PLACE_CALLS = """
+import sys, numpy as np
+from hosts.api import Worker
+from hosts.quantize import GradientError
+rank, folder, job = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+interface = sys.argv[4] if len(sys.argv) > 4 else None
+gradient = np.random.default_rng(rank).standard_normal(300_003).astype("f4")
+with Worker(job, rank, 4, interface=interface) as worker:
+    try:  # refused before anything is sent, the gradient untouched
+        worker.allreduce(gradient, out=np.empty(300_000, "f4"))
+    except GradientError as exc:
+        print("refused:", exc)
+    kept = gradient.copy()
+    out = np.full((3, 100_001), np.nan, "f4")
+    assert worker.allreduce(kept, out=out) is out and np.array_equal(kept, gradient)
+    np.save(f"{folder}/out{rank}.npy", out.reshape(-1))
+    assert worker.allreduce(gradient, out=gradient) is gradient  # in place
+    np.save(f"{folder}/in-place{rank}.npy", gradient)
+"""
+
+
+@pytest.mark.parametrize("interface", [None, "eth0"], ids=["all-nics", "one-nic"])
+def test_python_api_writes_the_sum_into_a_given_array_or_in_place(star4, tmp_path, interface):
+    """``Worker.allreduce(gradient, out=...)``: the sum lands in the caller's array (of
+    another shape, same size) and nowhere else, or replaces the gradient itself; an ``out``
+    of the wrong size is refused with its reason before anything is sent, and the job's
+    next calls are right."""
+    job = ALL_NICS if interface is None else ONE_NIC
+    processes = [subprocess.Popen(
+        ["ip", "netns", "exec", star4.namespace_of(rank), sys.executable, "-c",
+         IN_PLACE_CALLS, str(rank), str(tmp_path), str(job), *([interface] if interface else [])],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}) for rank in range(4)]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    grads = [np.random.default_rng(rank).standard_normal(300_003).astype(np.float32)
+             for rank in range(4)]
+    for rank, process in enumerate(processes):
+        assert process.returncode == 0, outputs[rank][1]
+        assert ("refused: out must be a writable C-contiguous float32 array of the gradient's "
+                "300003 values; got float32 of 300000 values") in outputs[rank][0]
+        for name in ("out", "in-place"):
+            assert check_sum(np.load(tmp_path / f"{name}{rank}.npy"), grads)[2], name
+
+
 def test_frozen_worker_times_the_others_out_and_the_job_works_again(star4, tmp_path):
     """A worker that stops answering without closing anything (SIGSTOP): the others give up
     after their timeout and name it; its slots hold a partial call; fresh workers sum right."""

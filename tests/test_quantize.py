@@ -73,6 +73,27 @@ def test_sum_beyond_float32_is_refused_not_inf():
         simulate([np.full(64, top, np.float32)] * 2)
 
 
+def test_dequantize_refuses_exactly_the_sums_beyond_float32():
+    """Only rows scaled up by more than OVERFLOW_SHIFT are checked for Inf: at every
+    exponent the largest int32 sums give, dequantize refuses exactly where the float64
+    route would be beyond float32, and writes into ``out`` where it accepts."""
+    from hosts.quantize import EXPONENT_BIAS, MAX_EXPONENT, MIN_EXPONENT
+
+    extremes = np.array([[2**31 - 1, -(2**31), 1, 0]], np.int32)
+    for workers in (2, 7, 64):
+        for exponent in range(MIN_EXPONENT, MAX_EXPONENT + 1):
+            biased = np.array([exponent + EXPONENT_BIAS])
+            wide = np.ldexp(extremes.astype(np.float64), -shift(biased, workers)[:, None])
+            beyond = bool(np.any(np.abs(wide) > np.finfo(np.float32).max))
+            out = np.full(extremes.shape, np.nan, np.float32)
+            if beyond:
+                with pytest.raises(GradientError, match="beyond float32"):
+                    dequantize(extremes, biased, workers, out=out)
+            else:
+                assert dequantize(extremes, biased, workers, out=out) is out
+                assert np.array_equal(out, wide.astype(np.float32))
+
+
 def test_bound_is_tight_enough_to_matter():
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(64 * 10).astype(np.float32) for _ in range(8)]
