@@ -202,10 +202,9 @@ class Worker:
 
         ``out``: a float32 C-contiguous array of ``array``'s size to write the sum into (and
         return), which may be ``array`` itself: the sum then replaces the gradient, as
-        torch.distributed.all_reduce does. It is written only once the whole sum is in, so a
-        call that fails before that leaves it as it was. Without it every call's sum is a new array,
-        whose first writes cost page faults (at 4M floats, star:4: a fifth of a worker's CPU
-        for the call)."""
+        torch.distributed.all_reduce does. It is written only once the whole sum is in, so
+        a call that fails before that leaves it as it was. Without it every call's sum is a
+        new array."""
         values = check_gradient(array)
         flat_out = check_out(out, values.size)
         before = nic_counters(self.interfaces)

@@ -195,10 +195,8 @@ def dequantize_flat(sums: np.ndarray, biased_exponents: np.ndarray, num_workers:
                     length: int, out: np.ndarray | None = None) -> np.ndarray:
     """The first ``length`` values of ``dequantize``'s rows, flat: in ``out`` (float32,
     C-contiguous, ``length`` values) if given, else in a new array (a view of whole rows).
-
-    Into ``out`` no page of a new array is touched: a fresh 16 MB result cost each worker
-    more CPU in page faults than dequantising it (star:4, 4M floats). A refused sum leaves
-    ``out`` as it was (it may be the caller's gradient itself: an in-place allreduce)."""
+    A refused sum leaves ``out`` as it was: it may be the caller's gradient itself (an
+    in-place allreduce)."""
     if out is None:
         return dequantize(sums, biased_exponents, num_workers).reshape(-1)[:length]
     lanes = sums.shape[1]

@@ -94,6 +94,20 @@ def test_dequantize_refuses_exactly_the_sums_beyond_float32():
                 assert np.array_equal(out, wide.astype(np.float32))
 
 
+@pytest.mark.parametrize("bad", [[np.nan], [np.inf], [-np.inf], [np.nan, np.inf, -np.inf]])
+def test_nan_and_inf_anywhere_are_refused_with_counts(bad):
+    """``check_finite`` looks at the max and the min first: a NaN or an Inf anywhere,
+    alone or with the others, is still found, counted and located."""
+    for at in (0, 4_999, 9_999 - len(bad)):
+        values = np.random.default_rng(at).standard_normal(10_000).astype(np.float32)
+        values[at:at + len(bad)] = bad
+        nan = sum(np.isnan(b) for b in bad)
+        with pytest.raises(GradientError, match=rf"{nan} NaN and {len(bad) - nan} Inf values "
+                           rf"\(first at flat index {at}\)"):
+            check_finite(values)
+    check_finite(np.full(10, np.finfo(np.float32).max, np.float32))  # finite: no error
+
+
 def test_bound_is_tight_enough_to_matter():
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(64 * 10).astype(np.float32) for _ in range(8)]
