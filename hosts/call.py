@@ -538,6 +538,19 @@ class Call:
         body = head + zlib.compress(self.merged.tobytes(), 1)
         for key in self.plan.neighbours(dim):
             self.send_message(key, Kind.EXPONENTS, 0, dim, len(head), self.merged.size, body)
+        self._trail(self.plan.neighbours(dim))
+
+    def _trail(self, keys: list[PeerKey]) -> None:
+        """A HERE behind the message just queued to each of ``keys`` (EXPONENTS, DONE): that
+        message is the last on its connection for a while, so if it is lost, TCP finds out
+        only by its timeout, which the queues of the others' first windows lengthen (in the
+        emulation at 5% loss, a lost segment of the exchange held a 500K-float call 200 ms,
+        in five of eleven calls). A segment behind it is SACKed instead, and the sender
+        re-sends the lost one within a round trip (RACK). The two go as two segments: the
+        driver writes each message as it comes, and the first has left when the second is
+        written."""
+        for key in keys:
+            self.send_message(key, Kind.HERE)
 
     def _exchange_message(self, key: PeerKey, message: tuple) -> None:
         kind, _stripe, step, start, count, payload = message
@@ -1038,6 +1051,7 @@ class Call:
             self.done_sent, self.done_at = True, self.now
             for key in self.plan.peers():
                 self.send_message(key, Kind.DONE)
+            self._trail(self.plan.peers())
         if not self.done_sent:
             return
         peers = self.plan.peers()

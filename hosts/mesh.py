@@ -94,7 +94,8 @@ class Kind(enum.IntEnum):
     # name the cause and re-plan alike: broken: [[level, switch index]] of a failed switch or
     # link, lost: [server] of workers that left (an elastic job goes on without them); summed:
     # I returned the whole sum all the same (a failure kept only DONEs away)
-    HERE = 9  # I am still in this call and still miss blocks (sent while nothing else goes to you)
+    HERE = 9  # I am still in this call: sent while nothing else goes to you and I miss blocks,
+    # and right behind EXPONENTS and DONE, so that a lost one is SACKed past (``Call._trail``)
 
 
 def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,

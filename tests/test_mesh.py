@@ -28,11 +28,12 @@ def connected_pair(listener: socket.socket) -> tuple[socket.socket, socket.socke
 
 
 def read_message(sock: socket.socket, deadline: float) -> bytes:
+    """The first message that arrives on ``sock`` (what follows it is read and dropped)."""
     data = bytearray()
     sock.settimeout(0.05)
     while time.monotonic() < deadline:
         if len(data) >= MESSAGE.size and len(data) >= MESSAGE.size + MESSAGE.unpack_from(data)[6]:
-            break
+            return bytes(data[:MESSAGE.size + MESSAGE.unpack_from(data)[6]])
         try:
             data += sock.recv(1 << 16)
         except TimeoutError:

@@ -128,6 +128,36 @@ def test_a_switch_down_before_the_workers_connect_is_planned_around_within_secon
     assert all(w.replans[0].gave_up_at >= CONNECT_CHECK_AFTER + START_DEADLINE for w in group)
 
 
+def test_every_exponents_and_done_message_is_followed_by_a_here(monkeypatch):
+    """A call's EXPONENTS and DONE are the last thing on their connections for a while, so a
+    lost one would wait for a TCP timeout (the exchange's, lengthened by the queues of the
+    others' first windows, held a whole call by 200 ms in the emulation); each is followed
+    by a HERE, whose SACK lets the sender's TCP (RACK) re-send it within a round trip. The
+    real code, in the simulator: every connection's EXPONENTS and DONE, then a HERE."""
+    from hosts.call import Call
+    from hosts.mesh import Kind, decode_message
+
+    sent: dict[tuple[int, tuple[int, int]], list[int]] = {}
+    take = Call.take_messages
+
+    def recording(call: Call) -> list:
+        messages = take(call)
+        for key, message in messages:
+            sent.setdefault((call.plan.server, key), []).append(decode_message(message)[0])
+        return messages
+
+    monkeypatch.setattr(Call, "take_messages", recording)
+    scenario = trial("bcube:2,2", "in-network")
+    world = World(scenario)
+    grads = gradients(np.random.default_rng(3), 4, scenario.floats)
+    assert all(w.outcome.error is None for w in world.call(grads, [], 60.0).values())
+    for connection, kinds in sent.items():
+        for kind in (Kind.EXPONENTS, Kind.DONE):
+            assert kind in kinds, (connection, kinds)
+            at = kinds.index(kind)
+            assert kinds[at + 1] == Kind.HERE, (connection, kinds)
+
+
 def test_a_nic_down_mid_call_is_re_planned_over_the_detour():
     verdict = run_trial(trial("bcube:2,2", "mixed", Fault("link", 0.0005, "h2:1")))
     assert verdict.ok, verdict.problems
