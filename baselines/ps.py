@@ -27,13 +27,12 @@ import socket
 import struct
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 
 from bml.cost_model import PS_CHUNK_VALUES, PS_HEADER_BYTES, shard_sizes
-from bml.sockets import QUEUE_BUDGET, force_buffers, read_available, unacked_bytes
+from bml.sockets import QUEUE_BUDGET, StreamInbox, StreamOutbox, force_buffers, unacked_bytes
 from hosts.discovery import nic_counters
 
 HEADER = struct.Struct("!BBHII")
@@ -60,13 +59,13 @@ class _Peer:
         self.index = index
         self.sock = sock
         self.limit = limit  # bytes it may have unacknowledged in the kernel (None: any)
-        self.outbox: deque[memoryview] = deque()
-        self.inbox = bytearray()
+        self.outbox = StreamOutbox()
+        self.inbox = StreamInbox(RECV_BYTES)
         self.closed = False
         self.expected = 0  # messages still to come from this peer in the current call
 
     def queue(self, *parts: bytes | memoryview) -> None:
-        self.outbox.extend(memoryview(p).cast("B") for p in parts)
+        self.outbox.queue(*parts)
 
     def room(self) -> int:
         """Bytes it may hand to the kernel now."""
@@ -76,24 +75,19 @@ class _Peer:
 
     def flush(self) -> None:
         while self.outbox:
-            head = self.outbox[0]
             room = self.room()
             if room <= 0:
                 return
             try:
-                sent = self.sock.send(head[:room])
+                self.outbox.write(self.sock, room)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise PSError(f"participant {self.index}: {exc}") from None
-            if sent == len(head):
-                self.outbox.popleft()
-            else:
-                self.outbox[0] = head[sent:]
 
     def fill(self) -> None:
         """Read what the socket has; EOF marks the peer closed."""
-        if not read_available(self.sock, self.inbox, RECV_BYTES):
+        if not self.inbox.fill(self.sock):
             self.closed = True
 
 
@@ -300,14 +294,15 @@ class ParameterServer:
     def _parse(self, peer: _Peer, starts: np.ndarray, result: np.ndarray | None,
                acc: np.ndarray | None, counts: np.ndarray | None, expected: int,
                missing: int, pending: int) -> tuple[int, int]:
-        inbox, offset = peer.inbox, 0
-        view = memoryview(inbox)
+        inbox = peer.inbox
+        data, first, offset, held = inbox.data, inbox.start, inbox.start, inbox.end
+        view = memoryview(data)
         values = None
         try:
-            while len(inbox) - offset >= HEADER.size:
-                kind, call, shard, off, count = HEADER.unpack_from(inbox, offset)
+            while held - offset >= HEADER.size:
+                kind, call, shard, off, count = HEADER.unpack_from(data, offset)
                 end = offset + HEADER.size + 4 * count
-                if len(inbox) < end or call != self.call:  # the next call's: kept for it
+                if held < end or call != self.call:  # the next call's: kept for it
                     break
                 values = np.frombuffer(view[offset + HEADER.size:end], np.float32)
                 offset = end
@@ -333,11 +328,11 @@ class ParameterServer:
                 else:
                     raise PSError(f"participant {self.rank}: unexpected message kind {kind} "
                                   f"for shard {shard} from participant {peer.index}")
-                values = None  # no array may hold the inbox when it is cut
+                values = None  # no array may hold the inbox when it is refilled
         finally:
             values = None
             view.release()
-            del inbox[:offset]
+            inbox.consume(offset - first)
         return missing, pending
 
 

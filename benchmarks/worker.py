@@ -9,7 +9,9 @@ bytes each of its NICs sent and received during the timed call (sysfs counters),
         [--master IP]
 
 With ``BML_PROFILE=DIR`` in the environment, the timed calls run under cProfile, dumped to
-``DIR/SCHEME-rankR.prof``.
+``DIR/SCHEME-rankR.prof``, timed in the process's CPU seconds: on a machine whose cores the
+workers and switches share, wall time would charge a function for the time it was
+preempted.
 
 SCHEME: ``bml`` (hosts.api, every NIC, the job's or the given schedule), ``ps`` (baselines.ps,
 sharded, or with ``--servers`` dedicated; ranks >= WORLD are the servers), ``ring``
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if profile:
             import cProfile
 
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time)
             profiler.enable()
         for repetition in range(args.repeat):
             if repetition and args.scheme == "ring":

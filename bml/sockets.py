@@ -14,6 +14,7 @@ import socket
 import struct
 import sys
 import termios
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from bml.protocol import MTU
@@ -44,19 +45,118 @@ def unacked_bytes(sock: socket.socket) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
 
 
-def read_available(sock: socket.socket, inbox: bytearray, chunk: int = 1 << 18) -> bool:
-    """Append what a non-blocking stream socket has to ``inbox``; False once the peer has
-    closed (EOF or an error), True while it is open."""
-    while True:
-        try:
-            data = sock.recv(chunk)
-        except (BlockingIOError, InterruptedError):
-            return True
-        except OSError:
-            return False
-        if not data:
-            return False
-        inbox += data
+class StreamOutbox:
+    """What waits to be written to a non-blocking stream socket: the queued buffers as they
+    are, written with one gather ``sendmsg`` per ``write``, never joined into one growing
+    buffer (a bytearray grown by each message and cut at the front by each write reallocates
+    as it goes, and each reallocation costs fresh pages)."""
+
+    GATHER = 64  # buffers per sendmsg (below the kernel's UIO_MAXIOV, 1024)
+
+    def __init__(self) -> None:
+        self._parts: deque[memoryview] = deque()
+        self.size = 0  # bytes queued
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+    def queue(self, *parts: bytes | bytearray | memoryview) -> None:
+        """Queue ``parts`` (kept, not copied: they must not change until written)."""
+        for part in parts:
+            view = memoryview(part).cast("B")
+            if view.nbytes:
+                self._parts.append(view)
+                self.size += view.nbytes
+
+    def write(self, sock: socket.socket, most: int | None = None) -> int:
+        """Hand the kernel up to ``most`` bytes (default: all) from the front, in order, with
+        one system call; returns how many it took. ``BlockingIOError`` when it takes none
+        (its buffer is full), other ``OSError`` as raised."""
+        most = self.size if most is None else min(most, self.size)
+        gather, total = [], 0
+        for part in self._parts:
+            if total >= most or len(gather) == self.GATHER:
+                break
+            take = min(part.nbytes, most - total)
+            gather.append(part if take == part.nbytes else part[:take])
+            total += take
+        sent = sock.sendmsg(gather) if gather else 0
+        self.size -= sent
+        parts, left = self._parts, sent
+        while left:
+            head = parts[0]
+            if left >= head.nbytes:
+                parts.popleft()
+                left -= head.nbytes
+            else:
+                parts[0] = head[left:]
+                left = 0
+        return sent
+
+    def clear(self) -> None:
+        self._parts.clear()
+        self.size = 0
+
+    def drain(self) -> bytes:
+        """Everything still queued, as one object; the outbox is then empty."""
+        data = b"".join(self._parts)
+        self.clear()
+        return data
+
+
+class StreamInbox:
+    """Bytes read from a non-blocking stream socket and not yet taken, at
+    ``data[start:end]``: read straight into one buffer that grows to the largest backlog
+    and then stays (a bytearray appended to by each read and cut at the front by each parse
+    reallocates as it goes, and each reallocation costs fresh pages). ``data`` is replaced,
+    never resized, when it grows; what is still unread moves to its front only within
+    ``fill``, so views of whole messages a parser hands out stay valid until then."""
+
+    def __init__(self, chunk: int = 1 << 18) -> None:
+        self.chunk = chunk  # the least room a read gets
+        self.start = self.end = 0
+        self._hold(bytearray(2 * chunk))
+
+    def _hold(self, data: bytearray) -> None:
+        self.data = data
+        self._pin = ctypes.c_char.from_buffer(data)  # (never resized: replaced)
+        self._address = ctypes.addressof(self._pin)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def fill(self, sock: socket.socket) -> bool:
+        """Read what the socket has; False once the peer has closed (EOF or an error), True
+        while it is open."""
+        while True:
+            if len(self.data) - self.end < self.chunk:
+                self._make_room()
+            try:
+                with memoryview(self.data) as view:
+                    size = sock.recv_into(view[self.end:])
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            if not size:
+                return False
+            self.end += size
+
+    def consume(self, size: int) -> None:
+        """``size`` bytes from the front are taken."""
+        self.start += size
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def _make_room(self) -> None:
+        held = self.end - self.start
+        if held + self.chunk > len(self.data):
+            bigger = bytearray(max(2 * len(self.data), held + self.chunk))
+            bigger[:held] = memoryview(self.data)[self.start:self.end]
+            self._hold(bigger)
+        else:  # (a memoryview's overlapping copy would go through a new buffer)
+            ctypes.memmove(self._address, self._address + self.start, held)
+        self.start, self.end = 0, held
 
 
 # ------------------------------------------------------------------ batched datagram I/O

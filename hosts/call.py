@@ -147,10 +147,10 @@ class SwitchChannel(SlotWindow):
         if seq < self.count:
             block = self.blocks[seq]
             owner = self.owners[seq] if self.owners is not None else 0
-            return HEADER_STRUCT.pack(
+            return b"".join((HEADER_STRUCT.pack(
                 PacketType.DATA, use & 1, self.job, self.me, owner, slot,
                 int(call.exponents[block]), call.wire.blocks, call.generation,
-                block * call.wire.lanes) + call.acc[block].astype(LANE_DTYPE).tobytes()
+                block * call.wire.lanes), call.acc[block].astype(LANE_DTYPE)))
         # flush: every slot ends on an even number of uses
         return HEADER_STRUCT.pack(PacketType.DATA, use & 1, self.job, self.me, 0, slot,
                                   EXPONENT_NONE, call.wire.blocks, call.generation,
@@ -349,7 +349,7 @@ class Call:
         self.stats.frames_sent += 1
 
     def send_message(self, key: PeerKey, kind: Kind, stripe: int = 0, step: int = 0,
-                     start: int = 0, count: int = 0, payload: bytes | memoryview = b"") -> None:
+                     start: int = 0, count: int = 0, payload: bytes | np.ndarray = b"") -> None:
         self.messages.append((key, encode_message(kind, self.tag, stripe, step, start, count,
                                                   payload)))
         self.told[key] = self.now
@@ -773,10 +773,10 @@ class Call:
                 self._message_ready(Kind.FINAL, p, j, block)
 
     def _broadcast(self, p: int, j: int, dim: int, block: int) -> None:
-        self.send_frame(dim, HEADER_STRUCT.pack(
+        self.send_frame(dim, b"".join((HEADER_STRUCT.pack(
             PacketType.BROADCAST, 0, stripe_job_id(self.plan.job, p), self.me[dim], 0, 0,
             int(self.exponents[block]), self.wire.blocks, self.generation,
-            block * self.wire.lanes) + self.acc[block].astype(LANE_DTYPE).tobytes())
+            block * self.wire.lanes), self.acc[block].astype(LANE_DTYPE))))
         self.stats.broadcasts += 1
         self.broadcast_left[(p, j)] -= 1
         if self.broadcast_left[(p, j)] == 0:
@@ -808,7 +808,7 @@ class Call:
                 self.messages_left[key] -= 1
                 if self.messages_left[key] == 0:
                     last = min(stop, first + MESSAGE_BLOCKS)
-                    payload = self.acc[first:last].astype(LANE_DTYPE).tobytes()
+                    payload = self.acc[first:last].astype(LANE_DTYPE)
                     for peer in peers:
                         self.send_message(peer, kind, p, j, first, last - first, payload)
                 return
@@ -900,7 +900,7 @@ class Call:
                     for block in range(start_, stop, MESSAGE_BLOCKS):
                         end = min(stop, block + MESSAGE_BLOCKS)
                         self.send_message(key, Kind.FINAL, p, j, block, end - block,
-                                          self.acc[block:end].astype(LANE_DTYPE).tobytes())
+                                          self.acc[block:end].astype(LANE_DTYPE))
 
     # --- timers --------------------------------------------------------------------------
     def _on_timer(self) -> None:

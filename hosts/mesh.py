@@ -24,12 +24,17 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bml.protocol import mesh_tcp_port
 from bml.schedule import connection_limit
-from bml.sockets import QUEUE_BUDGET, read_available, unacked_bytes
+from bml.sockets import QUEUE_BUDGET, StreamInbox, StreamOutbox, unacked_bytes
 from bml.topology import Topology
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    Payload = bytes | bytearray | memoryview | np.ndarray
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
@@ -99,9 +104,13 @@ class Kind(enum.IntEnum):
 
 
 def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
-                   count: int = 0, payload: bytes | memoryview = b"") -> bytes:
-    """One message as it goes on the wire."""
-    return MESSAGE.pack(kind, call, stripe, step, start, count, len(payload)) + bytes(payload)
+                   count: int = 0, payload: Payload = b"") -> bytes:
+    """One message as it goes on the wire. ``payload`` is any C-contiguous buffer (blocks of
+    lanes as a numpy array): it is copied once, into the message, and no more (a payload of
+    16 wide blocks is 141 KB, and every such object made and dropped costs fresh pages)."""
+    with memoryview(payload) as view:
+        size = view.nbytes
+    return b"".join((MESSAGE.pack(kind, call, stripe, step, start, count, size), payload))
 
 
 def decode_message(data: bytes | memoryview) -> tuple[int, int, int, int, int, int, bytes]:
@@ -125,8 +134,8 @@ class Peer:
     server: int
     dim: int
     sock: socket.socket
-    inbox: bytearray = field(default_factory=bytearray)
-    outbox: bytearray = field(default_factory=bytearray)
+    inbox: StreamInbox = field(default_factory=lambda: StreamInbox(RECV_CHUNK))
+    outbox: StreamOutbox = field(default_factory=StreamOutbox)
     done: bool = False  # its DONE of this call arrived
     closed: bool = False
     sent_bytes: int = 0
@@ -134,54 +143,50 @@ class Peer:
     paced: bool = False  # the last flush stopped at ``limit``: flush again later, not on POLLOUT
 
     def send(self, kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
-             count: int = 0, payload: bytes | memoryview = b"") -> None:
+             count: int = 0, payload: Payload = b"") -> None:
         self.queue(encode_message(kind, call, stripe, step, start, count, payload))
 
     def queue(self, message: bytes) -> None:
         """Queue an encoded message and write what the kernel takes."""
-        self.outbox += message
+        self.outbox.queue(message)
         self.flush()
 
     def flush(self) -> None:
         self.paced = False
-        while self.outbox:
-            room = len(self.outbox) if self.limit is None else min(
-                len(self.outbox), self.limit - unacked_bytes(self.sock))
+        outbox = self.outbox
+        while outbox:
+            room = outbox.size if self.limit is None else min(
+                outbox.size, self.limit - unacked_bytes(self.sock))
             if room <= 0:
                 self.paced = True
                 return
-            view = memoryview(self.outbox)
             try:
-                sent = self.sock.send(view[:room])
+                self.sent_bytes += outbox.write(self.sock, room)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise MeshError(f"server {self.server} (level {self.dim}): {exc}") from None
-            finally:
-                view.release()
-            self.sent_bytes += sent
-            del self.outbox[:sent]
 
     def fill(self) -> None:
         """Read what the socket has; EOF marks the peer closed."""
-        if not read_available(self.sock, self.inbox, RECV_CHUNK):
+        if not self.inbox.fill(self.sock):
             self.closed = True
 
     def messages(self, call: int):
         """Whole messages of call ``call`` from the inbox (kind, stripe, step, start, count,
         payload); those of the next call stay for it, late ones of the last are dropped."""
-        offset = 0
         inbox = self.inbox
+        data, first, offset, held = inbox.data, inbox.start, inbox.start, inbox.end
         try:
-            while len(inbox) - offset >= MESSAGE.size:
-                kind, tag, stripe, step, start, count, size = MESSAGE.unpack_from(inbox, offset)
+            while held - offset >= MESSAGE.size:
+                kind, tag, stripe, step, start, count, size = MESSAGE.unpack_from(data, offset)
                 end = offset + MESSAGE.size + size
-                if len(inbox) < end or tag == (call + 1) & 0xFF:
+                if held < end or tag == (call + 1) & 0xFF:
                     break
                 offset = end
                 if tag != call:
                     continue
-                payload = memoryview(inbox)[end - size:end]
+                payload = memoryview(data)[end - size:end]
                 if kind == Kind.DONE:
                     self.done = True
                 try:
@@ -189,7 +194,7 @@ class Peer:
                 finally:
                     payload.release()
         finally:
-            del inbox[:offset]
+            inbox.consume(offset - first)
 
 
 class Mesh:
@@ -256,7 +261,7 @@ class Mesh:
                 peer.sock.setblocking(True)
                 peer.sock.settimeout(linger)
                 if peer.outbox:
-                    peer.sock.sendall(peer.outbox)
+                    peer.sock.sendall(peer.outbox.drain())
                 peer.sock.shutdown(socket.SHUT_WR)
                 peer.sock.setblocking(False)
                 open_peers.append(peer)
