@@ -60,9 +60,3 @@ class CallBuffers:
         kept.append(array)
         del kept[:-SHAPES_KEPT]
         return array
-
-    def zeros(self, name: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-        """``get``, every value 0."""
-        array = self.get(name, shape, dtype)
-        array.fill(0)
-        return array

@@ -685,8 +685,10 @@ class Call:
                 self.ranges[(Kind.CONTRIB, p, j)] = outgoing
                 mine = parts[self.me[dim]][1]
                 if length(mine):
-                    self.incoming[(p, j)] = self.buffers.zeros(
-                        f"incoming {p} {j}", (self.blocks, self.wire.lanes), np.int32)
+                    incoming = self.buffers.get(f"incoming {p} {j}",
+                                                (self.blocks, self.wire.lanes), np.int32)
+                    incoming[mine[0]:mine[1]] = 0  # the only blocks sent here, and read
+                    self.incoming[(p, j)] = incoming
                     self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
             if self.ar_dim[p] is not None:
                 piece = self.pieces[p][-1]
@@ -879,6 +881,9 @@ class Call:
             if kind == Kind.CONTRIB:
                 if (p, j) not in self.incount:
                     return
+                owner = self.rs_owner[(p, j)][0][start:start + count]
+                if not (owner == self.me[self.rs_dims[p][j]]).all():
+                    return  # only this server's blocks of the step are sent to it
                 self.incoming[(p, j)][start:start + count] += values
                 self.incount[(p, j)][start:start + count] += 1
                 for block in range(start, start + count):

@@ -158,6 +158,43 @@ def test_every_exponents_and_done_message_is_followed_by_a_here(monkeypatch):
             assert kinds[at + 1] == Kind.HERE, (connection, kinds)
 
 
+def test_a_contribution_for_blocks_the_receiver_does_not_reduce_is_ignored(monkeypatch):
+    """A neighbour's CONTRIB names the blocks it is for; only the receiver's own blocks of
+    that step are summed there. One for another server's blocks (a forged or misrouted
+    message: here every CONTRIB is followed by a copy naming the sender's own blocks) would
+    complete those blocks with the wrong values and end in a wrong sum; it is ignored."""
+    from hosts.call import Call
+    from hosts.mesh import Kind, decode_message, encode_message
+
+    take = Call.take_messages
+    forged = []
+
+    def forging(call: Call) -> list:
+        messages = take(call)
+        for key, message in list(messages):
+            kind, tag, stripe, step, _start, count, payload = decode_message(message)
+            if kind != Kind.CONTRIB:
+                continue
+            owner = call.rs_owner[(stripe, step)][0]
+            own = np.flatnonzero(owner == call.me[call.rs_dims[stripe][step]])
+            if len(own) >= count:
+                forged.append(key)
+                messages.append((key, encode_message(kind, tag, stripe, step, int(own[0]),
+                                                     count, payload)))
+        return messages
+
+    monkeypatch.setattr(Call, "take_messages", forging)
+    scenario = trial("bcube:2,2", "host-based")
+    world = World(scenario)
+    grads = gradients(np.random.default_rng(5), 4, scenario.floats)
+    outcomes = world.call(grads, [], 60.0)
+    assert forged
+    expected = ExpectedSum(grads, scenario.lanes)
+    for server, worker in outcomes.items():
+        assert worker.outcome.error is None, (server, worker.outcome.error)
+        assert wrong_sum(worker.outcome.result, expected) is None, server
+
+
 def test_a_nic_down_mid_call_is_re_planned_over_the_detour():
     verdict = run_trial(trial("bcube:2,2", "mixed", Fault("link", 0.0005, "h2:1")))
     assert verdict.ok, verdict.problems
