@@ -9,9 +9,9 @@ never one of them: it is the caller's to keep.
 
 The same holds for the many smaller objects of a call (frames of 9 KB, messages, their
 parts): freed, they go back to the heap, and glibc gives the top of the heap back to the
-system whenever 128 KB of it are free, so the next call's objects fault fresh pages in again
-(about 3,000 a call per worker at 4M floats on bcube:3,2, mixed). ``keep_freed_heap`` raises
-that threshold for the worker's process: its heap stays at the size its calls need.
+system whenever enough of it is free (128 KB by default), so the next call's objects fault
+fresh pages in again (docs/RESULTS.md, "Fresh pages"). ``keep_freed_heap`` raises that
+threshold for the worker's process: its heap stays at the size its calls need.
 """
 
 from __future__ import annotations
