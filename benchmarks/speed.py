@@ -5,9 +5,9 @@ each lane width (64: the Tofino-class build; the widest a 9000-byte frame holds)
 in-network allreduce beside gloo's ring allreduce on the same servers, every size; with
 ``--bcube``, the planner's schedule on bcube:n,k beside gloo's ring over a star of as many
 servers. Each scheme makes ``--repeat`` timed calls after its warm-up; each row prints the
-median GST, its ratio to gloo's in the same run, and the CPU seconds
-per GB of gradient of the hosts (the workers' processes) and of the switches (their
-processes). Results go to ``results/speed.md`` and ``.json``.
+median GST, its ratio to gloo's in the same run, the CPU seconds per GB of gradient of the
+hosts (the workers' processes) and of the switches (their processes), and the fresh pages a
+worker faults in per call. Results go to ``results/speed.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def measure(state, scheme: str, workers: int, size: int, tmp: Path, extra: list[
     switch_cpu = (process_cpu(switches) - before) / repeat
     gigabytes = 4 * size * workers / 1e9
     host_cpu = sum(r.get("cpu_seconds", 0.0) for r in run.reports)
+    faults = [r.get("page_faults", 0.0) for r in run.reports]
     return {"gst": run.gst, "correct": run.correct, "host_cpu_per_gb": host_cpu / gigabytes,
+            "page_faults": sum(faults) / max(1, len(faults)),
             "switch_cpu_per_gb": switch_cpu / gigabytes,
             "schedule": run.reports[0].get("schedule", scheme),
             "resent": sum(r.get("retransmissions", 0) for r in run.reports),
@@ -141,10 +143,13 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
 def write_results(rows: list[dict], rate: str, repeat: int) -> None:
     lines = [f"Links: tbf at {rate} each way; GST = the median over {repeat} timed calls, each "
              "from the last worker's start to the last sum. CPU: "
-             "seconds per GB of gradient (4 bytes x floats x workers).", "",
+             "seconds per GB of gradient (4 bytes x floats x workers). Pages: fresh pages a "
+             "worker's process faulted in per call (minor faults), the mean over workers.", "",
              "| topology | lanes | floats | schedule | GST s | gloo GST s | vs gloo | "
-             "host CPU s/GB | switch CPU s/GB | gloo CPU s/GB | correct |",
-             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "host CPU s/GB | switch CPU s/GB | gloo CPU s/GB | host pages | gloo pages | "
+             "correct |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- |"]
     for r in rows:
         bml, gloo = r["bml"], r["gloo"]
         lines.append(
@@ -155,6 +160,8 @@ def write_results(rows: list[dict], rate: str, repeat: int) -> None:
         lines[-1] += (f"{bml['host_cpu_per_gb']:.1f} | {bml['switch_cpu_per_gb']:.1f} | "
                       f"{gloo['host_cpu_per_gb']:.1f} | " if gloo else
                       f"{bml['host_cpu_per_gb']:.1f} | {bml['switch_cpu_per_gb']:.1f} | n/a | ")
+        lines[-1] += f"{bml['page_faults']:.0f} | " + (
+            f"{gloo['page_faults']:.0f} | " if gloo else "n/a | ")
         lines[-1] += f"{bml['correct']} |"
     text = "\n".join(lines) + "\n"
     print("\n" + text)

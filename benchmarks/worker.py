@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         before, packets_before = nic_counters(names), packet_counters(names)
         retrans = tcp_retransmissions()
         started, cpu_started = time.monotonic(), time.process_time()
+        faults_started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         seconds_each, begun_each = [], []
         profile = os.environ.get("BML_PROFILE")  # a folder: the timed calls' cProfile there
         if profile:
@@ -131,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             profiler.dump_stats(Path(profile) / f"{args.scheme}-rank{args.rank}.prof")
         seconds = seconds_each[0]
         cpu_seconds = (time.process_time() - cpu_started) / args.repeat
+        # Fresh pages the process faulted in per call (minor faults): each costs a page
+        # cleared by the kernel, a sign of memory made and dropped on the hot path.
+        page_faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                       - faults_started) / args.repeat
         if hasattr(scheme, "drain"):  # PS: its last sends may still be leaving
             scheme.drain()
         after, packets_after = nic_counters(names), packet_counters(names)
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         np.save(args.out, total)
     print(json.dumps({"rank": args.rank, "seconds": seconds, "seconds_each": seconds_each,
                       "begun_each": begun_each,
-                      "cpu_seconds": cpu_seconds,
+                      "cpu_seconds": cpu_seconds, "page_faults": page_faults,
                       **stats,
                       "nics": {name: [a[0] - b[0], a[1] - b[1]]
                                for name, b, a in zip(names, before, after, strict=True)},
