@@ -652,6 +652,9 @@ class Call:
         self.finals = 0
         self.incoming: dict[tuple[int, int], np.ndarray] = {}
         self.incount: dict[tuple[int, int], np.ndarray] = {}
+        # (stripe, step) -> the blocks this server reduces from its neighbours' CONTRIBs:
+        # its host part of the step (its switch part goes through the switch)
+        self.reducing: dict[tuple[int, int], Range] = {}
         self.messages_left: dict[tuple, int] = {}  # outgoing message -> blocks not yet ready
         self.ranges: dict[tuple, list[tuple[Range, list[PeerKey]]]] = {}
         self.broadcast_left: dict[tuple[int, int], int] = {}
@@ -689,6 +692,7 @@ class Call:
                                                 (self.blocks, self.wire.lanes), np.int32)
                     incoming[mine[0]:mine[1]] = 0  # the only blocks sent here, and read
                     self.incoming[(p, j)] = incoming
+                    self.reducing[(p, j)] = mine
                     self.incount[(p, j)] = np.zeros(self.blocks, dtype=np.int16)
             if self.ar_dim[p] is not None:
                 piece = self.pieces[p][-1]
@@ -879,11 +883,9 @@ class Call:
                 return
             values = np.frombuffer(payload, dtype=LANE_DTYPE).reshape(-1, self.wire.lanes)[:count]
             if kind == Kind.CONTRIB:
-                if (p, j) not in self.incount:
-                    return
-                owner = self.rs_owner[(p, j)][0][start:start + count]
-                if not (owner == self.me[self.rs_dims[p][j]]).all():
-                    return  # only this server's blocks of the step are sent to it
+                mine = self.reducing.get((p, j))
+                if mine is None or not mine[0] <= start <= start + count <= mine[1]:
+                    return  # only the blocks this server reduces at the step are sent to it
                 self.incoming[(p, j)][start:start + count] += values
                 self.incount[(p, j)][start:start + count] += 1
                 for block in range(start, start + count):

@@ -158,11 +158,17 @@ def test_every_exponents_and_done_message_is_followed_by_a_here(monkeypatch):
             assert kinds[at + 1] == Kind.HERE, (connection, kinds)
 
 
-def test_a_contribution_for_blocks_the_receiver_does_not_reduce_is_ignored(monkeypatch):
-    """A neighbour's CONTRIB names the blocks it is for; only the receiver's own blocks of
-    that step are summed there. One for another server's blocks (a forged or misrouted
-    message: here every CONTRIB is followed by a copy naming the sender's own blocks) would
-    complete those blocks with the wrong values and end in a wrong sum; it is ignored."""
+@pytest.mark.parametrize(("topo", "schedule", "target"), [
+    ("bcube:2,2", "host-based", "the sender's own"),
+    ("bcube:3,2", "mixed", "the receiver's through its switch"),
+])
+def test_a_contribution_for_blocks_the_receiver_does_not_reduce_is_ignored(
+        monkeypatch, topo, schedule, target):
+    """A neighbour's CONTRIB names the blocks it is for; only the receiver's host part of
+    that step is summed there. One for other blocks (a forged or misrouted message: here
+    every CONTRIB is followed by a copy naming another server's blocks, or the receiver's
+    own that go through its switch, half of each part on bcube:3,2 mixed) would complete
+    those blocks with the wrong values and end in a wrong sum; it is ignored."""
     from hosts.call import Call
     from hosts.mesh import Kind, decode_message, encode_message
 
@@ -175,18 +181,23 @@ def test_a_contribution_for_blocks_the_receiver_does_not_reduce_is_ignored(monke
             kind, tag, stripe, step, _start, count, payload = decode_message(message)
             if kind != Kind.CONTRIB:
                 continue
-            owner = call.rs_owner[(stripe, step)][0]
-            own = np.flatnonzero(owner == call.me[call.rs_dims[stripe][step]])
-            if len(own) >= count:
+            dim = call.rs_dims[stripe][step]
+            parts = call.layout.rs_parts(stripe, step, call.plan.server)
+            if target == "the sender's own":
+                blocks = parts[call.me[dim]][1]
+            else:
+                blocks = parts[call.topology.digits(key[1])[dim]][0]
+            if blocks[1] - blocks[0] >= count:
                 forged.append(key)
-                messages.append((key, encode_message(kind, tag, stripe, step, int(own[0]),
+                messages.append((key, encode_message(kind, tag, stripe, step, blocks[0],
                                                      count, payload)))
         return messages
 
     monkeypatch.setattr(Call, "take_messages", forging)
-    scenario = trial("bcube:2,2", "host-based")
+    scenario = trial(topo, schedule)
     world = World(scenario)
-    grads = gradients(np.random.default_rng(5), 4, scenario.floats)
+    servers = world.topology.num_servers
+    grads = gradients(np.random.default_rng(5), servers, scenario.floats)
     outcomes = world.call(grads, [], 60.0)
     assert forged
     expected = ExpectedSum(grads, scenario.lanes)
