@@ -121,6 +121,7 @@ def measure_pipeline(lanes: int, workers: int, seconds: float, batched: bool = F
     ``Pipeline.process`` (or ``batched``: ``process_batch``, up to a port's batch at a time)."""
     from control_plane.p4info import built_p4info
     from control_plane.session import SwitchSession
+    from soft_target.batch import FrameBatch
     from soft_target.defines import STAT_AGGREGATED
     from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
     from soft_target.pipeline import Pipeline
@@ -138,8 +139,9 @@ def measure_pipeline(lanes: int, workers: int, seconds: float, batched: bool = F
         server.stop(0)
     frames = build_frames(ports, lanes)
     batch = PORT_BATCH if batched else 1
-    batches = [[[(port, frames[slot][use][w] if batch == 1 else
-                  [frames[s][use][w] for s in range(slot, min(slot + batch, WINDOW))])
+    # A batch as the switch's receive ring holds it: its frames as rows (``FrameBatch``).
+    batches = [[[(port, frames[slot][use][w] if batch == 1 else FrameBatch.of(
+                  [frames[s][use][w] for s in range(slot, min(slot + batch, WINDOW))]))
                  for slot in range(0, WINDOW, batch)] for w, port in enumerate(ports)]
                for use in range(USES)]
     process = pipeline.process_batch if batched else pipeline.process

@@ -17,6 +17,8 @@ import termios
 from collections import deque
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from bml.protocol import MTU
 
 # Linux values; Python's socket module does not export them.
@@ -304,6 +306,8 @@ class BatchReceiver:
         self._control_view = memoryview(self.control_buffer)
         self._no_control = memoryview(bytes(count * control))
         self._flags = [0] * count  # the fallback's msg_flags per frame
+        # The ring as numpy rows (``receive_rows``), and each frame's msg_len read in place.
+        self.rows = np.frombuffer(self.buffer, np.uint8).reshape(count, size)
         if _LIBC is None:
             return
         self._recvmmsg = _LIBC[0]
@@ -328,6 +332,7 @@ class BatchReceiver:
         self._pristine = memoryview(bytes(self._raw))
         self._words = memoryview(self._raw).cast("I")
         self._stride = ctypes.sizeof(_MMsgHdr) // 4
+        self._lengths = np.frombuffer(self._raw, np.uint32)[_MSG_LEN::self._stride]
 
     def receive(self, sock: socket.socket, limit: int | None = None) -> list[memoryview]:
         """Up to ``limit`` (at most ``count``) frames queued on ``sock``, without waiting: a
@@ -336,21 +341,34 @@ class BatchReceiver:
         n = self.count if limit is None else max(1, min(limit, self.count))
         if _LIBC is None:
             return self._receive_each(sock, n)
+        got = self._receive_many(sock, n)
+        words, stride, slots = self._words, self._stride, self.slots
+        return [slots[i][:words[i * stride + _MSG_LEN]] for i in range(got)]
+
+    def receive_rows(self, sock: socket.socket, limit: int | None = None) -> np.ndarray:
+        """``receive`` for a caller that reads frames as numpy rows, with no Python object
+        made per frame: the frames are the first rows of ``rows`` (frame ``i`` is
+        ``rows[i, :lengths[i]]``; the rest of a row is left over from earlier frames).
+        Returns ``lengths``, one int64 per frame."""
+        if _LIBC is None:
+            return np.array([len(view) for view in self.receive(sock, limit)], np.int64)
+        n = self.count if limit is None else max(1, min(limit, self.count))
+        return self._lengths[:self._receive_many(sock, n)].astype(np.int64)
+
+    def _receive_many(self, sock: socket.socket, n: int) -> int:
+        """One recvmmsg of up to ``n`` frames: how many came (0: none queued)."""
         if self.control_space:
             span = n * ctypes.sizeof(_MMsgHdr)
             self._raw[:span] = self._pristine[:span]
             span = n * self.control_space
             self.control_buffer[:span] = self._no_control[:span]
         got = self._recvmmsg(sock.fileno(), self._messages, n, _MSG_DONTWAIT, None)
-        if got <= 0:
-            if got == 0:
-                return []
+        if got < 0:
             err = ctypes.get_errno()
             if err in _AGAIN:
-                return []
+                return 0
             raise OSError(err, os.strerror(err))
-        words, stride, slots = self._words, self._stride, self.slots
-        return [slots[i][:words[i * stride + _MSG_LEN]] for i in range(got)]
+        return got
 
     def _receive_each(self, sock: socket.socket, n: int) -> list[memoryview]:
         views = []
@@ -434,6 +452,8 @@ class BatchSender:
             self._headers[i].msg_hdr.msg_iov = iov_base + i * ctypes.sizeof(_IoVec)
             self._headers[i].msg_hdr.msg_iovlen = 1
         self._messages = _address_of(self._raw)
+        self._iov_array = np.frombuffer(self._iov_raw, np.uintp).reshape(count, 2)
+        self._counting = np.arange(count, dtype=np.uintp)
 
     def _set_destination(self, sock: socket.socket, address: tuple | None) -> None:
         name = None if address is None else _sockaddr(sock, address)
@@ -494,6 +514,35 @@ class BatchSender:
                     continue
                 return sent, err
             # went < n: the kernel stopped at a frame and forgot why; the next call says.
+            sent += went
+        return sent, 0
+
+    def send_rows(self, sock: socket.socket, rows: np.ndarray) -> tuple[int, int]:
+        """``send`` of the rows of a 2-D uint8 array, each a whole frame (rows may lie apart,
+        each one's bytes together), from where they lie: the messages' pointers are set for
+        every row at once, no Python object is made per frame. To where ``sock`` sends (a
+        connected or AF_PACKET socket). Returns as ``send`` does."""
+        total = len(rows)
+        if total and rows.strides[1] != 1:
+            raise ValueError("each row to send must be one run of bytes")
+        if _LIBC is None:
+            return self._send_each(sock, rows, None)
+        if self._destination is not None:
+            self._set_destination(sock, None)
+        fd = sock.fileno()
+        iov = self._iov_array
+        base, step = rows.ctypes.data, rows.strides[0]
+        iov[:, 1] = rows.shape[1]
+        sent = 0
+        while sent < total:
+            n = min(self.count, total - sent)
+            iov[:n, 0] = self._counting[:n] * step + (base + sent * step)
+            went = self._sendmmsg(fd, self._messages, n, _MSG_DONTWAIT)
+            if went <= 0:
+                err = ctypes.get_errno() if went < 0 else errno.EAGAIN
+                if err == errno.EINTR:
+                    continue
+                return sent, err
             sent += went
         return sent, 0
 

@@ -139,7 +139,7 @@ class Admission:
         """Which frames of a batch from ``port`` (not the CPU port) ``apply`` admits as DATA
         contributions of one job, the first such frame's: (mask, job id, its config). Those
         pass every check above (none is counted); the caller sends the rest through
-        ``apply`` one by one. ``headers`` are ``parser.batch_headers``, ``bml`` their
+        ``apply`` one by one. ``headers`` are ``FrameBatch.headers``, ``bml`` their
         ``batch_is_bml``, ``lengths`` the frames' lengths."""
         ipv4_len, udp_len = self.lengths_full
         mask = (bml & (lengths == self.full_end) & (headers["type"] == TYPE_DATA)

@@ -35,6 +35,7 @@ from soft_target.parser import VALUES_OFF
 
 if TYPE_CHECKING:
     from soft_target.admission import JobConfig
+    from soft_target.batch import FrameBatch, ResultBlock
     from soft_target.pipeline import Tables
 
 POOL_COPIES = 2 * POOL_SLOTS
@@ -42,7 +43,7 @@ JOB_IDS = 4096  # one generation register per job id
 # ResultRouting.apply: what aggregation does not consume goes on to result routing (bml.p4).
 Route = Callable[..., list[tuple[int, bytes]]]
 # ResultRouting.apply_results: the RESULTs a run of contributions completed, all at once.
-RouteResults = Callable[..., list[list[tuple[int, bytes]]]]
+RouteResults = Callable[..., "ResultBlock | list[list[tuple[int, bytes]]]"]
 
 
 class Aggregation:
@@ -166,16 +167,19 @@ class Aggregation:
         return self.route(tables, frame, port, job, TYPE_RESULT, best,
                           row.astype(LANE_DTYPE).tobytes())
 
-    def apply_run(self, tables: Tables, frames: list[bytes], headers: np.ndarray,
-                  raw_headers: np.ndarray, port: int, job: JobConfig, job_id: int
-                  ) -> list[list[tuple[int, bytes]] | None]:
-        """``apply`` of a run of admitted DATA contributions of one job (``frames``, their
-        ``parser.batch_headers`` and the same bytes as a (frames, HEADER_END) uint8 array),
-        as numpy over the longest start of the run whose frames are independent of each other:
+    def apply_run(self, tables: Tables, batch: FrameBatch, start: int, end: int,
+                  headers: np.ndarray, raw_headers: np.ndarray, port: int, job: JobConfig,
+                  job_id: int) -> tuple[list, ResultBlock | None]:
+        """``apply`` of frames ``start..end-1`` of ``batch``, a run of admitted DATA
+        contributions of one job (``headers``, ``raw_headers``: theirs of
+        ``FrameBatch.headers`` and the same bytes as a (frames, HEADER_END) uint8 array), as
+        numpy over the longest start of the run whose frames are independent of each other:
         each into a slot of its own, all of the job's current call (a newer call changes the
-        job's generation for the frames after it). For each frame of that start, the copies
-        it leaves, or None for one the caller must send through ``apply`` (a re-send, a late
-        or stale copy: every outcome but aggregating); the caller goes on after it."""
+        job's generation for the frames after it). Returns, for each frame of that start,
+        what it leaves: its copies (a list; [] for one that completes nothing), the index of
+        its copies in the block returned beside (RESULTs to a multicast group), or None for
+        one the caller must send through ``apply`` (a re-send, a late or stale copy: every
+        outcome but aggregating); the caller goes on after it."""
         generation = headers["generation"].astype(np.int64)
         current = self.job_generation[job_id] if job_id < JOB_IDS else 0
         version = headers["version"].astype(np.int64)
@@ -183,17 +187,18 @@ class Aggregation:
         worker = headers["worker_id"].astype(np.int64)
         # Where the run stops being independent: the frame there goes through ``apply``.
         dependent = (generation != current) | (copy0 >= POOL_COPIES) | (worker >= 32)
-        end = int(np.argmax(dependent)) if dependent.any() else len(frames)
+        size = end - start
+        stop = int(np.argmax(dependent)) if dependent.any() else size
         seen: set[int] = set()
-        for at, pair in enumerate(copy0[:end].tolist()):
+        for at, pair in enumerate(copy0[:stop].tolist()):
             if pair in seen:
-                end = at
+                stop = at
                 break
             seen.add(pair)
-        if end < len(frames):
-            frames, headers, raw_headers = frames[:end], headers[:end], raw_headers[:end]
-            generation, version, copy0, worker = (generation[:end], version[:end],
-                                                  copy0[:end], worker[:end])
+        if stop < size:
+            headers, raw_headers = headers[:stop], raw_headers[:stop]
+            generation, version, copy0, worker = (generation[:stop], version[:stop],
+                                                  copy0[:stop], worker[:stop])
         index = copy0 | version
         indices = index.tolist()
         bitmaps, contributions = self.worker_bitmap, self.contributions
@@ -210,22 +215,19 @@ class Aggregation:
         # apply's order: a re-send of this worker's, a stale copy, a late copy; else it adds.
         adds = ((bitmap & me) == 0) & ~((bitmap != 0) & ~same_chunk) \
             & ~((count == workers) & same_chunk)
-        outcome: list[list[tuple[int, bytes]] | None] = [None] * len(frames)
+        outcome: list = [None] * stop
         at = np.flatnonzero(adds)
         if not at.size:
-            return outcome
+            return outcome, None
         first = bitmap[at] == 0
         count = (np.where(first, 0, count[at]) + 1) & 0xFF
         best = np.maximum(np.where(first, 0, np.array(
             [self.max_exponent[indices[i]] for i in at.tolist()], dtype=np.int64)),
             headers["exponent"][at])
-        incoming = np.frombuffer(b"".join([frames[i] for i in at.tolist()]), np.uint8).reshape(
-            at.size, -1)[:, VALUES_OFF:self.full_end].view(LANE_DTYPE)
         rows = index[at]
-        sums = self.sums
-        sums[rows[first]] = incoming[first]
-        later = rows[~first]
-        sums[later] += incoming[~first]
+        sums, values, taken = self.sums, batch.rows[:, VALUES_OFF:self.full_end], start + at
+        sums[rows[first]] = values[taken[first]].view(LANE_DTYPE)
+        sums[rows[~first]] += values[taken[~first]].view(LANE_DTYPE)
         mine = me[at].tolist()
         chunk_offset, copy_generation, max_exponent = (self.chunk_offset, self.copy_generation,
                                                        self.max_exponent)
@@ -245,15 +247,19 @@ class Aggregation:
         for i in at.tolist():
             outcome[i] = []
         done = count == workers
-        if done.any():
-            self.stats[STAT_COMPLETED] += int(done.sum())
-            completed = at[done]
-            copies = self.route_results(tables, [frames[i] for i in completed.tolist()],
-                                        raw_headers[completed], port, job, best[done],
-                                        sums[rows[done]])
-            for i, leaving in zip(completed.tolist(), copies, strict=True):
+        if not done.any():
+            return outcome, None
+        self.stats[STAT_COMPLETED] += int(done.sum())
+        completed = at[done]
+        results = self.route_results(tables, batch, start + completed, raw_headers[completed],
+                                     port, job, best[done], sums[rows[done]])
+        if type(results) is list:
+            for i, leaving in zip(completed.tolist(), results, strict=True):
                 outcome[i] = leaving
-        return outcome
+            return outcome, None
+        for trigger, i in enumerate(completed.tolist()):
+            outcome[i] = trigger
+        return outcome, results
 
     def _past_registers(self, tables: Tables, frame: bytes, port: int, job: JobConfig,
                         ptype: int, exponent: int) -> list[tuple[int, bytes]]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from bml.protocol import BML_UDP_PORT, LANE_DTYPE, Wire
 from control_plane.p4info import Names
+from soft_target.batch import ResultBlock
 from soft_target.defines import TYPE_ACK, TYPE_BROADCAST
 from soft_target.parser import (
     BML_OFF,
@@ -24,10 +25,6 @@ from soft_target.parser import (
     full_lengths,
 )
 from soft_target.tables import Row, SoftTable, byte_params
-
-# apply_results builds frames up to this size whole in one array (fewer Python steps per
-# copy); wider ones from a header array and the values (fewer bytes copied per copy).
-WHOLE_FRAMES_UP_TO = 1500
 
 
 @dataclass(frozen=True)
@@ -127,24 +124,21 @@ class EgressRewrite:
 
     def apply_results(self, tables: EgressRewriteTables, raw_headers: np.ndarray, ptype: int,
                       exponents: np.ndarray, sums: np.ndarray, egress_ports: tuple[int, ...]
-                      ) -> list[list[tuple[int, bytes]]]:
+                      ) -> ResultBlock:
         """``apply`` of many full-width packets of type ``ptype`` (not BROADCAST, no owner)
         to the same ``egress_ports``, built as one numpy array: row i of ``raw_headers`` is
         trigger i's first HEADER_END bytes, ``exponents[i]`` and ``sums[i]`` what its copies
-        carry. Each trigger's copies, in port order, byte for byte as ``apply`` makes them."""
+        carry. Each trigger's copies, in port order, byte for byte as ``apply`` makes them,
+        left in the array they were built in (the switch sends them from there)."""
         triggers = len(raw_headers)
         host_address = tables.host_address
         addresses = [(port, host_address[port]) for port in egress_ports
                      if port in host_address]
         self.unaddressed[0] += (len(egress_ports) - len(addresses)) * triggers
-        if not addresses:
-            return [[] for _ in range(triggers)]
         ports = len(addresses)
-        # Narrow frames are built whole in one array and cut apart; wide ones as headers
-        # only, each copy then its header and its trigger's values joined (the values are
-        # copied once per copy, as ``apply`` copies them, rather than three times).
-        whole = self.frame_bytes <= WHOLE_FRAMES_UP_TO
-        out = np.empty((triggers, ports, self.frame_bytes if whole else VALUES_OFF), np.uint8)
+        out = np.empty((triggers, ports, self.frame_bytes), np.uint8)
+        if not addresses:
+            return ResultBlock((), out)
         for j, (_port, address) in enumerate(addresses):
             out[:, j, :ETH] = np.frombuffer(address.ethernet, np.uint8)
             out[:, j, ETH + 12:ETH + 20] = np.frombuffer(address.addresses, np.uint8)
@@ -175,17 +169,5 @@ class EgressRewrite:
         out[:, :, BML_OFF:VALUES_OFF] = raw_headers[:, None, BML_OFF:VALUES_OFF]
         out[:, :, BML_OFF] = ptype
         out[:, :, BML_OFF + 8] = exponents[:, None]
-        port_numbers = [port for port, _ in addresses]
-        if whole:
-            out[:, :, VALUES_OFF:] = sums.astype(LANE_DTYPE).view(np.uint8)[:, None, :]
-            frames = out.tobytes()
-            size = self.frame_bytes
-            return [[(port, frames[(i * ports + j) * size:(i * ports + j + 1) * size])
-                     for j, port in enumerate(port_numbers)] for i in range(triggers)]
-        heads = memoryview(out.tobytes())
-        values = memoryview(sums.astype(LANE_DTYPE).tobytes())
-        width = len(values) // triggers
-        return [[(port, b"".join((heads[(i * ports + j) * VALUES_OFF:
-                                       (i * ports + j + 1) * VALUES_OFF],
-                                  values[i * width:(i + 1) * width])))
-                 for j, port in enumerate(port_numbers)] for i in range(triggers)]
+        out[:, :, VALUES_OFF:] = sums.astype(LANE_DTYPE).view(np.uint8)[:, None, :]
+        return ResultBlock(tuple(port for port, _ in addresses), out)

@@ -9,7 +9,6 @@ every other field is read in place at these offsets, so no header object is ever
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,8 +54,8 @@ def full_lengths(wire: Wire) -> tuple[int, int]:
     return IP + UDP + wire.payload_bytes, UDP + wire.payload_bytes
 
 
-# A batch's headers as one numpy record per frame (``batch_headers``): what ``is_bml`` and
-# ``unpack_bml`` read, for every frame of a batch at once.
+# A batch's headers as one numpy record per frame (``batch.FrameBatch.headers``): what
+# ``is_bml`` and ``unpack_bml`` read, for every frame of a batch at once.
 HEADERS = np.dtype([
     ("macs", "V12"), ("ethertype", ">u2"),
     ("version_ihl", "u1"), ("tos", "u1"), ("ipv4_len", ">u2"), ("ident", ">u2"),
@@ -68,18 +67,10 @@ HEADERS = np.dtype([
     ("generation", ">u2"), ("offset", ">u4"),
 ])
 assert HEADERS.itemsize == HEADER_END
-_NO_HEADER = bytes(HEADER_END)  # a frame too short for hdr.bml: all zero, so never BML
-
-
-def batch_headers(frames: Sequence[bytes]) -> np.ndarray:
-    """The first HEADER_END bytes of every frame as one ``HEADERS`` record each (a shorter
-    frame reads as zeros: no BML packet)."""
-    return np.frombuffer(b"".join([frame[:HEADER_END] if len(frame) >= HEADER_END
-                                   else _NO_HEADER for frame in frames]), HEADERS)
 
 
 def batch_is_bml(headers: np.ndarray) -> np.ndarray:
-    """``is_bml`` of every record of ``batch_headers``."""
+    """``is_bml`` of every record of ``FrameBatch.headers``."""
     return ((headers["ethertype"] == 0x0800) & (headers["version_ihl"] == 0x45)
             & ((headers["flags_fragment"] & 0x3FFF) == 0) & (headers["protocol"] == 17)
             & (headers["dst_port"] == BML_UDP_PORT))

@@ -34,6 +34,7 @@ from bml.protocol import (
 from soft_target import admission, egress_rewrite, forwarding, result_routing
 from soft_target.admission import Admission, AdmissionTables, JobConfig
 from soft_target.aggregation import JOB_IDS, POOL_COPIES, Aggregation
+from soft_target.batch import Copies, FrameBatch
 from soft_target.defines import (
     DROP_FORGED_CONTROL,
     DROP_SHORT_PACKET,
@@ -51,7 +52,6 @@ from soft_target.parser import (
     UDP,
     UDP_LEN_HEADER_ONLY,
     VALUES_OFF,
-    batch_headers,
     batch_is_bml,
     full_lengths,
     ipv4_checksum,
@@ -162,50 +162,58 @@ class Pipeline:
         return self._aggregate(tables, frame, port, job, job_id, ptype, version, worker_id,
                                slot, exponent, generation, offset)
 
-    def process_batch(self, port: int, frames: Sequence[bytes]) -> list[tuple[int, bytes]]:
+    def process_batch(self, port: int, frames: FrameBatch | Sequence[bytes]) -> Copies:
         """``process`` of each of ``frames`` from ``port`` in turn, the copies in the same
         order, with the same registers and counters after (tests/test_batch_pipeline.py).
 
         What a port mostly brings, runs of one job's contributions to different slots, is
         admitted and aggregated as numpy over the run (``Admission.batch_contributions``,
-        ``Aggregation.apply_run``, ``EgressRewrite.apply_results``): per frame, a few list
-        reads and writes instead of a pass through every control. Every other frame, and
-        each frame of a run the registers make dependent, goes through ``process`` where it
-        lies, so nothing is reordered that could change what happens."""
-        count = len(frames)
-        if port == CPU_PORT or count < BATCH_LEAST:
-            return [copy for frame in frames for copy in self.process(port, frame)]
-        tables = self.tables
-        headers = batch_headers(frames)
-        lengths = np.fromiter(map(len, frames), np.int64, count)
-        fast, job_id, job = self.admission.batch_contributions(
-            tables, port, headers, lengths, batch_is_bml(headers))
-        if job is None:
-            return [copy for frame in frames for copy in self.process(port, frame)]
-        raw = headers.view(np.uint8).reshape(count, HEADER_END)
-        out: list[tuple[int, bytes]] = []
+        ``Aggregation.apply_run``, ``EgressRewrite.apply_results``), read where the frames
+        lie and its results' copies left in one array: per frame, a few list reads and writes
+        instead of a pass through every control. Every other frame, and each frame of a run
+        the registers make dependent, goes through ``process`` where it lies, so nothing is
+        reordered that could change what happens."""
+        batch = frames if isinstance(frames, FrameBatch) else FrameBatch.of(frames)
+        count = len(batch)
+        out = Copies()
         process = self.process
+        if port == CPU_PORT or count < BATCH_LEAST:
+            for i in range(count):
+                out.extend(process(port, batch.frame(i)))
+            return out
+        tables = self.tables
+        headers = batch.headers()
+        fast, job_id, job = self.admission.batch_contributions(
+            tables, port, headers, batch.lengths, batch_is_bml(headers))
+        if job is None:
+            for i in range(count):
+                out.extend(process(port, batch.frame(i)))
+            return out
+        raw = headers.view(np.uint8).reshape(count, HEADER_END)
         start = 0
         fast_list = fast.tolist()
         while start < count:
             if not fast_list[start]:
-                out += process(port, frames[start])
+                out.extend(process(port, batch.frame(start)))
                 start += 1
                 continue
             end = start + 1
             while end < count and fast_list[end]:
                 end += 1
-            outcome = self.aggregation.apply_run(tables, frames[start:end],
-                                                 headers[start:end], raw[start:end], port,
-                                                 job, job_id)
-            for frame, copies in zip(frames[start:start + len(outcome)], outcome, strict=True):
+            outcome, block = self.aggregation.apply_run(
+                tables, batch, start, end, headers[start:end], raw[start:end], port, job,
+                job_id)
+            for i, copies in enumerate(outcome, start):
                 if copies is None:
-                    out += process(port, frame)
-                else:
-                    self.batched += 1
-                    out += copies
+                    out.extend(process(port, batch.frame(i)))
+                    continue
+                self.batched += 1
+                if type(copies) is int:
+                    out.add_result(block, copies)
+                elif copies:
+                    out.extend(copies)
             start += len(outcome)
             if start < end:  # the frame the run could not take with the others
-                out += process(port, frames[start])
+                out.extend(process(port, batch.frame(start)))
                 start += 1
         return out

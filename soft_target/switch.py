@@ -23,6 +23,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 from bml.sockets import (
     BATCHED_IO,
     FRAME_BUFFER,
@@ -31,6 +33,7 @@ from bml.sockets import (
     BatchSender,
     force_buffers,
 )
+from soft_target.batch import Copies, FrameBatch
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 
@@ -104,6 +107,18 @@ def from_control_ring(frame: memoryview, control: bytearray, at: int) -> bytes:
     return bytes(frame)
 
 
+# The same, for a whole batch at once: each frame's control message as a record (all zero
+# where none came). The ports' sockets ask for no other control message.
+_AUX_RING = np.dtype({"names": ["status", "tci"], "formats": ["=u4", "=u2"],
+                      "offsets": [struct.calcsize("@Nii"), struct.calcsize("@Nii") + 16],
+                      "itemsize": _AUXDATA_SPACE})
+
+
+def _tagged_any(auxdata: np.ndarray) -> bool:
+    """Whether any frame of a batch (its ``_AUX_RING`` records) had a VLAN tag taken out."""
+    return bool(((auxdata["status"] & TP_STATUS_VLAN_VALID) | auxdata["tci"]).any())
+
+
 def _tagged(frame: memoryview, status: int, tci: int, tpid: int) -> bytes:
     if not status & TP_STATUS_VLAN_TPID_VALID:
         tpid = ETH_P_8021Q
@@ -130,36 +145,32 @@ class SoftSwitch:
         self.tasks.put(task)
         os.write(self.wake_w, b"x")
 
-    def transmit(self, copies: list[tuple[int, bytes]]) -> None:
+    def transmit(self, copies: list[tuple[int, bytes]] | Copies) -> None:
         """Send pipeline output, (egress port, frame) each, in one sendmmsg per port."""
-        by_port: dict[int, list[bytes]] = {}
-        for port, frame in copies:
-            frames = by_port.get(port)
-            if frames is None:
-                by_port[port] = [frame]
-            else:
-                frames.append(frame)
-        self._send_all(by_port)
-
-    def _send_all(self, by_port: dict[int, list[bytes]]) -> None:
-        """Send each port's frames in order; a frame its port refuses for a full queue (or a
-        link that is down) is lost, as on a congested link: counted in ``tx_errors``."""
-        sockets, send = self.sockets, self.sender.send
-        for port, frames in by_port.items():
+        if not isinstance(copies, Copies):
+            copies = Copies(copies)
+        sockets, send, send_rows = self.sockets, self.sender.send, self.sender.send_rows
+        for port, runs in copies.by_port().items():
             sock = sockets.get(port)
             if sock is None:
                 continue  # no such port: the frame leaves nowhere, as in BMv2
-            start = 0
-            while start < len(frames):
-                sent, err = send(sock, frames[start:] if start else frames)
-                if not err:
-                    break
-                if err not in _TX_LOST:
-                    raise OSError(err, os.strerror(err))
-                # One refused frame is lost; the rest are tried (the queue may have room for
-                # the smaller ones, as it would have frame by frame).
-                self.tx_errors += 1
-                start += sent + 1
+            for frames in runs:
+                self._send_run(sock, send if type(frames) is list else send_rows, frames)
+
+    def _send_run(self, sock: socket.socket, send: Callable, frames) -> None:
+        """Send a port's frames in order; a frame its port refuses for a full queue (or a
+        link that is down) is lost, as on a congested link: counted in ``tx_errors``."""
+        start = 0
+        while start < len(frames):
+            sent, err = send(sock, frames[start:] if start else frames)
+            if not err:
+                return
+            if err not in _TX_LOST:
+                raise OSError(err, os.strerror(err))
+            # One refused frame is lost; the rest are tried (the queue may have room for
+            # the smaller ones, as it would have frame by frame).
+            self.tx_errors += 1
+            start += sent + 1
 
     def run(self) -> None:
         poller = select.epoll()
@@ -167,7 +178,7 @@ class SoftSwitch:
         for fd in self.port_of_fd:
             poller.register(fd, select.EPOLLIN)
         receiver = BatchReceiver(PORT_BATCH, MAX_FRAME, _AUXDATA_SPACE)
-        receive, control, space = receiver.receive, receiver.control_buffer, _AUXDATA_SPACE
+        auxdata = np.frombuffer(receiver.control_buffer, _AUX_RING)
         process = self._pipeline_batch()
         port_of_fd = self.port_of_fd
         sockets = self.sockets
@@ -178,34 +189,32 @@ class SoftSwitch:
                     process = self._pipeline_batch()
                     continue
                 port = port_of_fd[fd]
-                try:
-                    views = receive(sockets[port])  # one batch per port per wake-up: fair
+                try:  # one batch per port per wake-up: fair
+                    lengths = receiver.receive_rows(sockets[port])
                 except OSError as exc:
                     if exc.errno == errno.ENETDOWN:
                         continue
                     raise
-                if not views:
+                count = len(lengths)
+                if not count:
                     continue
-                by_port: dict[int, list[bytes]] = {}
-                for out_port, copy in process(port, [  # as on the wire
-                        from_control_ring(view, control, index * space)
-                        for index, view in enumerate(views)]):
-                    frames = by_port.get(out_port)
-                    if frames is None:
-                        by_port[out_port] = [copy]
-                    else:
-                        frames.append(copy)
-                if by_port:
-                    self._send_all(by_port)
+                if _tagged_any(auxdata[:count]):  # as on the wire: tags put back
+                    batch = FrameBatch.of([from_control_ring(
+                        memoryview(receiver.buffer)[i * MAX_FRAME:i * MAX_FRAME + size],
+                        receiver.control_buffer, i * _AUXDATA_SPACE)
+                        for i, size in enumerate(lengths.tolist())])
+                else:
+                    batch = FrameBatch(receiver.rows[:count], lengths)
+                self.transmit(process(port, batch))
 
-    def _pipeline_batch(self) -> Callable[[int, list[bytes]], list[tuple[int, bytes]]]:
+    def _pipeline_batch(self) -> Callable[[int, FrameBatch], Copies]:
         """The pipeline over a port's batch: as numpy (``Pipeline.process_batch``), or with
         I/O unbatched (``BML_BATCHED_IO=0``, the benchmarks' baseline) frame by frame."""
         pipeline = self.pipeline
         if BATCHED_IO:
             return pipeline.process_batch
-        return lambda port, frames: [copy for frame in frames
-                                     for copy in pipeline.process(port, frame)]
+        return lambda port, batch: Copies([copy for i in range(len(batch))
+                                           for copy in pipeline.process(port, batch.frame(i))])
 
     def _run_tasks(self) -> None:
         try:

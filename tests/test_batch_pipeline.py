@@ -32,12 +32,14 @@ from bml.protocol import (
     Stat,
     wire,
 )
+from bml.sockets import FRAME_BUFFER
 from bml.topology import Switch
 from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import built_p4info
 from control_plane.provision import install_group
 from control_plane.session import SwitchSession
+from soft_target.batch import FrameBatch
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
 from tests.diffgen import generate
@@ -86,10 +88,30 @@ def assert_same_state(a: Pipeline, b: Pipeline) -> None:
     assert np.array_equal(a.sums, b.sums)
 
 
+def as_in_a_ring(frames: list[bytes]) -> FrameBatch:
+    """``frames`` as a switch port's receive ring holds them: rows of the largest frame's
+    size, each holding an earlier frame's bytes past its own end."""
+    rows = np.frombuffer(RNG_BYTES[:len(frames) * FRAME_BUFFER], np.uint8).reshape(
+        len(frames), FRAME_BUFFER).copy()
+    for row, frame in zip(rows, frames, strict=True):
+        row[:len(frame)] = np.frombuffer(frame, np.uint8)
+    return FrameBatch(rows, np.array([len(f) for f in frames], np.int64))
+
+
+RNG_BYTES = random.Random(0).randbytes(64 * FRAME_BUFFER)
+
+
 def send(frame_by_frame: Pipeline, batched: Pipeline, port: int, frames: list[bytes]) -> None:
-    """``frames`` from ``port`` into both: the same copies, in the same order."""
+    """``frames`` from ``port`` into both: the same copies, in the same order, and each
+    egress port's in the same order as the switch sends them (``Copies.by_port``)."""
     expected = [c for frame in frames for c in frame_by_frame.process(port, frame)]
-    assert batched.process_batch(port, frames) == expected
+    copies = batched.process_batch(port, as_in_a_ring(frames))
+    assert list(copies) == expected
+    by_port: dict[int, list[bytes]] = {}
+    for out_port, frame in expected:
+        by_port.setdefault(out_port, []).append(frame)
+    assert {out_port: [bytes(frame) for run in runs for frame in run]
+            for out_port, runs in copies.by_port().items()} == by_port
 
 
 class StarCalls:

@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 
+import numpy as np
 import pytest
 
 from bml import sockets
@@ -18,11 +19,13 @@ from bml.protocol import MTU
 from bml.sockets import QUEUE_FULL, BatchReceiver, BatchSender
 from emulation.testbed import have_netns
 from soft_target.switch import (
+    _AUX_RING,
     _AUXDATA_SPACE,
     ETH_P_ALL,
     PACKET_AUXDATA,
     PACKET_IGNORE_OUTGOING,
     SOL_PACKET,
+    _tagged_any,
     as_on_wire,
     from_control_ring,
 )
@@ -150,6 +153,37 @@ def test_queue_full_and_refusal(mode):
         udp.close()
 
 
+def test_rows_sent_and_received_in_place(mode):
+    """A 2-D array's rows (here every third row of a block, as a result block's copies to one
+    port lie) go out in order as frames, in more than one sendmmsg, and come in as the rows of
+    the receiver's ring with their lengths; a full queue stops them as it stops ``send``."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        a.setblocking(False)
+        block = np.arange(30 * 3 * 40, dtype=np.uint32).astype(np.uint8).reshape(30, 3, 40)
+        rows = block[:, 1]  # rows 120 bytes apart, each 40 bytes in one run
+        assert BatchSender(count=8).send_rows(a, rows) == (30, 0)
+        receiver = BatchReceiver(count=16, size=64)
+        got = []
+        while len(lengths := receiver.receive_rows(b)):
+            assert lengths.dtype == np.int64
+            got += [receiver.rows[i, :size].tobytes() for i, size in enumerate(lengths)]
+        assert got == [row.tobytes() for row in rows]
+        assert len(receiver.receive_rows(b)) == 0  # nothing queued: at once, no error
+        big = np.zeros((5000, 1000), np.uint8)
+        big[:, 0] = np.arange(5000) % 256
+        sent, err = BatchSender().send_rows(a, big)
+        assert 0 < sent < len(big)
+        assert err in QUEUE_FULL
+        lengths = receiver.receive_rows(b)
+        assert [receiver.rows[i, 0] for i in range(len(lengths))] == list(range(len(lengths)))
+        with pytest.raises(ValueError, match="one run of bytes"):
+            BatchSender().send_rows(a, np.zeros((4, 3), np.uint8).T)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_sender_rejects_a_copy_too_big(mode, udp_pair):
     a, b = udp_pair
     sender = BatchSender(count=2, size=16)
@@ -209,6 +243,25 @@ def test_veth_af_packet_batches_with_vlan_tags(mode):
                 if not views:
                     time.sleep(0.01)  # a moment for the veth to deliver
             assert got == frames
+            # The switch's batch path: the frames as rows of the ring, and whether any of a
+            # batch had its tag taken out (then the batch goes through ``from_control_ring``).
+            assert BatchSender().send(out, frames) == (len(frames), 0)
+            aux = np.frombuffer(receiver.control_buffer, _AUX_RING)
+            seen = 0
+            for _ in range(200):
+                lengths = receiver.receive_rows(into)
+                for i, size in enumerate(lengths.tolist()):
+                    frame = frames[seen + i]
+                    tagged = frame[12:14] == b"\x81\x00"
+                    assert _tagged_any(aux[i:i + 1]) == tagged
+                    untagged = frame[:12] + frame[16:] if tagged else frame
+                    assert receiver.rows[i, :size].tobytes() == untagged
+                seen += len(lengths)
+                if seen >= len(frames):
+                    break
+                if not len(lengths):
+                    time.sleep(0.01)
+            assert seen == len(frames)
         finally:
             out.close()
             into.close()
