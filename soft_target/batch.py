@@ -21,12 +21,16 @@ class FrameBatch:
     """Frames as rows: frame ``i`` is ``rows[i, :lengths[i]]``; past its length a row holds
     whatever it held (a receive ring's row: an earlier, longer frame), never read."""
 
-    __slots__ = ("lengths", "rows")
+    __slots__ = ("_bytes", "_sizes", "lengths", "rows")
 
     def __init__(self, rows: np.ndarray, lengths: np.ndarray) -> None:
         if rows.shape[1] < HEADER_END:
             raise ValueError(f"rows of {rows.shape[1]} bytes cannot hold a BML header")
+        if not rows.flags.c_contiguous:
+            raise ValueError("a batch's rows must lie one after the other")
         self.rows, self.lengths = rows, lengths
+        self._bytes: memoryview | None = None  # the rows as one run of bytes (``frame``)
+        self._sizes: list[int] = []
 
     @classmethod
     def of(cls, frames: Sequence[bytes]) -> FrameBatch:
@@ -42,7 +46,11 @@ class FrameBatch:
 
     def frame(self, index: int) -> bytes:
         """Frame ``index``'s bytes, for what takes it frame by frame."""
-        return self.rows[index, :int(self.lengths[index])].tobytes()
+        if self._bytes is None:
+            self._bytes = memoryview(self.rows).cast("B")
+            self._sizes = self.lengths.tolist()
+        start = index * self.rows.shape[1]
+        return bytes(self._bytes[start:start + self._sizes[index]])
 
     def headers(self) -> np.ndarray:
         """Every frame's first HEADER_END bytes as one ``parser.HEADERS`` record (a frame

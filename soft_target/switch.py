@@ -35,7 +35,7 @@ from bml.sockets import (
 )
 from soft_target.batch import Copies, FrameBatch
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
-from soft_target.pipeline import Pipeline
+from soft_target.pipeline import BATCH_LEAST, Pipeline
 
 log = logging.getLogger("bml-switch")
 ETH_P_ALL = 0x0003
@@ -146,11 +146,20 @@ class SoftSwitch:
         os.write(self.wake_w, b"x")
 
     def transmit(self, copies: list[tuple[int, bytes]] | Copies) -> None:
-        """Send pipeline output, (egress port, frame) each, in one sendmmsg per port."""
-        if not isinstance(copies, Copies):
-            copies = Copies(copies)
+        """Send pipeline output, (egress port, frame) each, in one sendmmsg per port (and
+        per run of a result block's rows)."""
+        if type(copies) is list:
+            by_port: dict[int, list] = {}
+            for port, frame in copies:
+                frames = by_port.get(port)
+                if frames is None:
+                    by_port[port] = [[frame]]
+                else:
+                    frames[0].append(frame)
+        else:
+            by_port = copies.by_port()
         sockets, send, send_rows = self.sockets, self.sender.send, self.sender.send_rows
-        for port, runs in copies.by_port().items():
+        for port, runs in by_port.items():
             sock = sockets.get(port)
             if sock is None:
                 continue  # no such port: the frame leaves nowhere, as in BMv2
@@ -178,15 +187,19 @@ class SoftSwitch:
         for fd in self.port_of_fd:
             poller.register(fd, select.EPOLLIN)
         receiver = BatchReceiver(PORT_BATCH, MAX_FRAME, _AUXDATA_SPACE)
-        auxdata = np.frombuffer(receiver.control_buffer, _AUX_RING)
-        process = self._pipeline_batch()
+        ring, control = memoryview(receiver.buffer), receiver.control_buffer
+        auxdata = np.frombuffer(control, _AUX_RING)
+        # A batch of fewer frames goes through the pipeline frame by frame, as it would there
+        # (``Pipeline.process_batch``), without the rows' fixed cost; and every batch does
+        # with I/O unbatched (``BML_BATCHED_IO=0``, the benchmarks' baseline).
+        least = BATCH_LEAST if BATCHED_IO else PORT_BATCH + 1
+        pipeline = self.pipeline
         port_of_fd = self.port_of_fd
         sockets = self.sockets
         while not self.stopping.is_set():
             for fd, _ in poller.poll(0.2):
                 if fd == self.wake_r:
                     self._run_tasks()
-                    process = self._pipeline_batch()
                     continue
                 port = port_of_fd[fd]
                 try:  # one batch per port per wake-up: fair
@@ -198,23 +211,18 @@ class SoftSwitch:
                 count = len(lengths)
                 if not count:
                     continue
-                if _tagged_any(auxdata[:count]):  # as on the wire: tags put back
-                    batch = FrameBatch.of([from_control_ring(
-                        memoryview(receiver.buffer)[i * MAX_FRAME:i * MAX_FRAME + size],
-                        receiver.control_buffer, i * _AUXDATA_SPACE)
-                        for i, size in enumerate(lengths.tolist())])
+                if count < least or _tagged_any(auxdata[:count]):
+                    frames = [from_control_ring(  # as on the wire: a tag put back in
+                        ring[i * MAX_FRAME:i * MAX_FRAME + size], control, i * _AUXDATA_SPACE)
+                        for i, size in enumerate(lengths.tolist())]
+                    if count < least:
+                        self.transmit([copy for frame in frames
+                                       for copy in pipeline.process(port, frame)])
+                        continue
+                    batch = FrameBatch.of(frames)
                 else:
                     batch = FrameBatch(receiver.rows[:count], lengths)
-                self.transmit(process(port, batch))
-
-    def _pipeline_batch(self) -> Callable[[int, FrameBatch], Copies]:
-        """The pipeline over a port's batch: as numpy (``Pipeline.process_batch``), or with
-        I/O unbatched (``BML_BATCHED_IO=0``, the benchmarks' baseline) frame by frame."""
-        pipeline = self.pipeline
-        if BATCHED_IO:
-            return pipeline.process_batch
-        return lambda port, batch: Copies([copy for i in range(len(batch))
-                                           for copy in pipeline.process(port, batch.frame(i))])
+                self.transmit(pipeline.process_batch(port, batch))
 
     def _run_tasks(self) -> None:
         try:
