@@ -4,6 +4,7 @@ the data plane, with RESET frames). Same order of checks, same register semantic
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,21 @@ JOB_IDS = 4096  # one generation register per job id
 Route = Callable[..., list[tuple[int, bytes]]]
 # ResultRouting.apply_results: the RESULTs a run of contributions completed, all at once.
 RouteResults = Callable[..., "ResultBlock | list[list[tuple[int, bytes]]]"]
+
+
+# Aggregation.apply_run's answer: (frames taken, each one's outcome or None where all
+# aggregated, the RESULT copies).
+RunOutcome = tuple[int, "list | None", "ResultBlock | list[tuple[int, bytes]] | None"]
+
+
+def _gatherer(indices: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
+    """A function reading a register list at ``indices``, one C call per list."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        only = indices[0]
+        return lambda values: (values[only],)
+    return lambda values: ()
 
 
 class Aggregation:
@@ -169,17 +185,20 @@ class Aggregation:
 
     def apply_run(self, tables: Tables, batch: FrameBatch, start: int, end: int,
                   headers: np.ndarray, raw_headers: np.ndarray, port: int, job: JobConfig,
-                  job_id: int) -> tuple[list, ResultBlock | None]:
+                  job_id: int) -> RunOutcome:
         """``apply`` of frames ``start..end-1`` of ``batch``, a run of admitted DATA
         contributions of one job (``headers``, ``raw_headers``: theirs of
         ``FrameBatch.headers`` and the same bytes as a (frames, HEADER_END) uint8 array), as
         numpy over the longest start of the run whose frames are independent of each other:
         each into a slot of its own, all of the job's current call (a newer call changes the
-        job's generation for the frames after it). Returns, for each frame of that start,
-        what it leaves: its copies (a list; [] for one that completes nothing), the index of
-        its copies in the block returned beside (RESULTs to a multicast group), or None for
+        job's generation for the frames after it). Returns (how many frames that start has,
+        what each of them leaves, the RESULT copies). Where every one of them aggregated
+        (what a port mostly brings), the second is None and the third is every copy they
+        leave, in order: a block of the completed ones' (to a multicast group), a list (to
+        the owners), or None. Otherwise the second has for each frame its copies (a list; []
+        for one that completes nothing), the index of its copies in the block, or None for
         one the caller must send through ``apply`` (a re-send, a late or stale copy: every
-        outcome but aggregating); the caller goes on after it."""
+        outcome but aggregating). The caller goes on after that start."""
         generation = headers["generation"].astype(np.int64)
         current = self.job_generation[job_id] if job_id < JOB_IDS else 0
         version = headers["version"].astype(np.int64)
@@ -202,10 +221,11 @@ class Aggregation:
         index = copy0 | version
         indices = index.tolist()
         bitmaps, contributions = self.worker_bitmap, self.contributions
-        bitmap = np.array([bitmaps[i] for i in indices], dtype=np.int64)
-        count = np.array([contributions[i] for i in indices], dtype=np.int64)
-        stored_offset = np.array([self.chunk_offset[i] for i in indices], dtype=np.int64)
-        stale_call = np.array([self.copy_generation[i] for i in indices]) != generation
+        gather = _gatherer(indices)
+        bitmap = np.array(gather(bitmaps), dtype=np.int64)
+        count = np.array(gather(contributions), dtype=np.int64)
+        stored_offset = np.array(gather(self.chunk_offset), dtype=np.int64)
+        stale_call = np.array(gather(self.copy_generation), dtype=np.int64) != generation
         bitmap[stale_call] = 0
         count[stale_call] = 0
         me = np.left_shift(1, worker)
@@ -215,15 +235,15 @@ class Aggregation:
         # apply's order: a re-send of this worker's, a stale copy, a late copy; else it adds.
         adds = ((bitmap & me) == 0) & ~((bitmap != 0) & ~same_chunk) \
             & ~((count == workers) & same_chunk)
-        outcome: list = [None] * stop
         at = np.flatnonzero(adds)
         if not at.size:
-            return outcome, None
+            return stop, [None] * stop, None
+        every = at.size == stop
         first = bitmap[at] == 0
         count = (np.where(first, 0, count[at]) + 1) & 0xFF
-        best = np.maximum(np.where(first, 0, np.array(
-            [self.max_exponent[indices[i]] for i in at.tolist()], dtype=np.int64)),
-            headers["exponent"][at])
+        exponents = np.array(gather(self.max_exponent), dtype=np.int64)
+        best = np.maximum(np.where(first, 0, exponents if every else exponents[at]),
+                          headers["exponent"][at])
         rows = index[at]
         sums, values, taken = self.sums, batch.rows[:, VALUES_OFF:self.full_end], start + at
         sums[rows[first]] = values[taken[first]].view(LANE_DTYPE)
@@ -244,22 +264,29 @@ class Aggregation:
             contributions[row] = new_count
             max_exponent[row] = exponent
         self.stats[STAT_AGGREGATED] += int(at.size)
+        done = count == workers
+        results = None
+        if done.any():
+            self.stats[STAT_COMPLETED] += int(done.sum())
+            completed = at[done]
+            results = self.route_results(tables, batch, start + completed,
+                                         raw_headers[completed], port, job, best[done],
+                                         sums[rows[done]])
+        if every:
+            if type(results) is list:
+                results = [copy for copies in results for copy in copies]
+            return stop, None, results
+        outcome: list = [None] * stop
         for i in at.tolist():
             outcome[i] = []
-        done = count == workers
-        if not done.any():
-            return outcome, None
-        self.stats[STAT_COMPLETED] += int(done.sum())
-        completed = at[done]
-        results = self.route_results(tables, batch, start + completed, raw_headers[completed],
-                                     port, job, best[done], sums[rows[done]])
         if type(results) is list:
             for i, leaving in zip(completed.tolist(), results, strict=True):
                 outcome[i] = leaving
-            return outcome, None
-        for trigger, i in enumerate(completed.tolist()):
-            outcome[i] = trigger
-        return outcome, results
+            return stop, outcome, None
+        if results is not None:
+            for trigger, i in enumerate(completed.tolist()):
+                outcome[i] = trigger
+        return stop, outcome, results
 
     def _past_registers(self, tables: Tables, frame: bytes, port: int, job: JobConfig,
                         ptype: int, exponent: int) -> list[tuple[int, bytes]]:

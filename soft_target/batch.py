@@ -90,15 +90,16 @@ class Copies:
     def extend(self, copies: list[tuple[int, bytes]]) -> None:
         self._items += copies
 
-    def add_result(self, block: ResultBlock, trigger: int) -> None:
-        """Trigger ``trigger``'s copies: joined to the run before them where they follow it."""
+    def add_results(self, block: ResultBlock, first: int, end: int) -> None:
+        """The copies of ``block``'s triggers ``first..end-1``: joined to the run before them
+        where they follow it."""
         items = self._items
         if items:
             last = items[-1]
-            if type(last) is list and last[0] is block and last[2] == trigger:
-                last[2] = trigger + 1
+            if type(last) is list and last[0] is block and last[2] == first:
+                last[2] = end
                 return
-        items.append([block, trigger, trigger + 1])
+        items.append([block, first, end])
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         for item in self._items:

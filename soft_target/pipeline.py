@@ -200,19 +200,26 @@ class Pipeline:
             end = start + 1
             while end < count and fast_list[end]:
                 end += 1
-            outcome, block = self.aggregation.apply_run(
+            taken, outcome, results = self.aggregation.apply_run(
                 tables, batch, start, end, headers[start:end], raw[start:end], port, job,
                 job_id)
-            for i, copies in enumerate(outcome, start):
-                if copies is None:
-                    out.extend(process(port, batch.frame(i)))
-                    continue
-                self.batched += 1
-                if type(copies) is int:
-                    out.add_result(block, copies)
-                elif copies:
-                    out.extend(copies)
-            start += len(outcome)
+            if outcome is None:  # every one aggregated: their copies in order
+                self.batched += taken
+                if type(results) is list:
+                    out.extend(results)
+                elif results is not None:
+                    out.add_results(results, 0, len(results.frames))
+            else:
+                for i, copies in enumerate(outcome, start):
+                    if copies is None:
+                        out.extend(process(port, batch.frame(i)))
+                        continue
+                    self.batched += 1
+                    if type(copies) is int:
+                        out.add_results(results, copies, copies + 1)
+                    elif copies:
+                        out.extend(copies)
+            start += taken
             if start < end:  # the frame the run could not take with the others
                 out.extend(process(port, batch.frame(start)))
                 start += 1
