@@ -4,11 +4,16 @@ alike by the control plane, take the same frames: one a frame at a time, one in 
 switch port would bring. The traffic, at the default width and the widest, is a star's calls
 with what goes wrong on links mixed in (losses, re-sends, probes, late and stale copies, a
 newer call, older calls, forged and broken frames); and the differential test's sequence
-(every kind of packet) grouped by port."""
+(every kind of packet) grouped by port. Then the switch process's loop on veths against the
+same reference: what leaves each port, frame for frame."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -32,20 +37,31 @@ from bml.protocol import (
     Stat,
     wire,
 )
-from bml.sockets import FRAME_BUFFER
+from bml.sockets import FRAME_BUFFER, BatchSender
 from bml.topology import Switch
 from control_plane.egress_rewrite import host_address_entry
 from control_plane.jobs import AggregationGroup
 from control_plane.p4info import built_p4info
 from control_plane.provision import install_group
 from control_plane.session import SwitchSession
+from emulation.testbed import have_netns
 from soft_target.batch import FrameBatch
 from soft_target.p4runtime_server import SoftP4RuntimeServicer, serve
 from soft_target.pipeline import Pipeline
+from soft_target.switch import SoftSwitch
 from tests.diffgen import generate
 from tests.diffrun import configure as configure_scenario
+from tests.kit.namespaces import (
+    add_veth,
+    delete_namespace,
+    fresh_namespace,
+    in_netns,
+    receive_socket,
+    send_socket,
+)
 from tests.kit.targets import InProcessTarget, packet_out, write_l2_default
 
+NETNS_REASON = have_netns()
 PORTS = tuple(range(1, 9))
 ADDRESSED = PORTS[:-1]  # port 8 has no host address: copies to it are counted, not sent
 STAR = AggregationGroup("dut", 41, {0: 1, 1: 2, 2: 3, 3: 4}, ResultMode.MULTICAST, 0, 32)
@@ -233,3 +249,87 @@ def test_differential_sequence_by_port_batched_as_frame_by_frame(seed):
                 flush()
         flush()
         assert_same_state(one.pipeline, other.pipeline)
+
+
+def tagged(frame: bytes, vlan: int) -> bytes:
+    """``frame`` with an 802.1Q tag after its MAC addresses."""
+    return frame[:12] + (0x8100).to_bytes(2, "big") + vlan.to_bytes(2, "big") + frame[12:]
+
+
+def frames_out(receivers: dict, expected: dict[int, list[bytes]]) -> dict[int, list[bytes]]:
+    """What arrives on each port's receiver: as many frames as ``expected`` has for it (fewer
+    if they do not come within 5 s), and any more that come within 50 ms after."""
+    deadline = time.monotonic() + 5
+    got: dict[int, list[bytes]] = {port: [] for port in receivers}
+    for port, sock in receivers.items():
+        while len(got[port]) < len(expected[port]) and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                got[port].append(sock.recv(FRAME_BUFFER))
+    time.sleep(0.05)
+    for port, sock in receivers.items():
+        sock.setblocking(False)
+        try:
+            while True:
+                got[port].append(sock.recv(FRAME_BUFFER))
+        except BlockingIOError:
+            pass
+        finally:
+            sock.settimeout(0.2)
+    return got
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS_REASON is not None, reason=str(NETNS_REASON))
+def test_switch_process_loop_on_veths_leaves_what_the_pipeline_makes():
+    """The switch's packet loop (``SoftSwitch.run``) on veths, each port's frames of a use
+    sent as one burst: every port gets exactly the frames, in the order, that a pipeline
+    configured alike makes of them one by one. Bursts of contributions (taken as rows of the
+    port's receive ring), bursts with a VLAN-tagged frame in them (the tag the kernel takes
+    out put back), and the faults of ``StarCalls``."""
+    namespace = f"bmlbp{os.getpid()}"
+    fresh_namespace(namespace)
+    sockets: list = []
+    try:
+        for port in PORTS:
+            add_veth(namespace, f"p{port}", f"t{port}")
+        switch = in_netns(namespace, lambda: SoftSwitch({p: f"p{p}" for p in PORTS}, 1))
+        server, grpc_port = serve(switch.servicer, "127.0.0.1:0")
+        loop = threading.Thread(target=switch.run, name="switch loop", daemon=True)
+        loop.start()
+        try:
+            session = SwitchSession("dut", f"127.0.0.1:{grpc_port}",
+                                    p4info=built_p4info(DEFAULT_LANES))
+            try:
+                configure_jobs(session)
+            finally:
+                session.close()
+            reference = configured(DEFAULT_LANES)
+            senders = {p: send_socket(namespace, f"t{p}") for p in PORTS}
+            receivers = {p: receive_socket(namespace, f"t{p}") for p in PORTS}
+            sockets += [*senders.values(), *receivers.values()]
+            rng = random.Random(7)
+            calls = StarCalls(rng, DEFAULT_LANES)
+            for use in range(8):
+                for port, frames in calls.use(STAR, use).items():
+                    if use % 2 and frames:  # a contribution with a tag: not BML (BmlParser)
+                        frames.insert(rng.randrange(len(frames)),
+                                      tagged(rng.choice(frames), use))
+                    expected: dict[int, list[bytes]] = {p: [] for p in PORTS}
+                    for frame in frames:
+                        for out_port, copy in reference.process(port, frame):
+                            expected[out_port].append(copy)
+                    assert BatchSender().send(senders[port], frames) == (len(frames), 0)
+                    assert frames_out(receivers, expected) == expected, \
+                        f"use {use}, frames from port {port}"
+            # What this test is for: contributions went through the batch path.
+            assert switch.pipeline.batched > switch.pipeline.stats[Stat.AGGREGATED] // 2
+            assert (switch.pipeline.stats, switch.pipeline.drops) == (reference.stats,
+                                                                      reference.drops)
+        finally:
+            switch.stopping.set()
+            loop.join(5)
+            server.stop(0)
+    finally:
+        for sock in sockets:
+            sock.close()
+        delete_namespace(namespace)
