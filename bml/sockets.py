@@ -507,15 +507,23 @@ class BatchSender:
                 else:
                     iov[i * stride] = self._slot(i, frame)
                     iov[i * stride + 1] = memoryview(frame).nbytes
-            went = self._sendmmsg(fd, self._messages, n, _MSG_DONTWAIT)
-            if went <= 0:
-                err = ctypes.get_errno() if went < 0 else errno.EAGAIN
-                if err == errno.EINTR:
-                    continue
+            went, err = self._submit(fd, n)
+            if err:
                 return sent, err
-            # went < n: the kernel stopped at a frame and forgot why; the next call says.
             sent += went
         return sent, 0
+
+    def _submit(self, fd: int, n: int) -> tuple[int, int]:
+        """One sendmmsg of the first ``n`` messages (EINTR: again): (how many went, 0), or
+        (0, the errno that stopped the first). Fewer than ``n`` may go: the kernel stopped at
+        a frame and forgot why, and the next call says."""
+        while True:
+            went = self._sendmmsg(fd, self._messages, n, _MSG_DONTWAIT)
+            if went > 0:
+                return went, 0
+            err = ctypes.get_errno() if went < 0 else errno.EAGAIN
+            if err != errno.EINTR:
+                return 0, err
 
     def send_rows(self, sock: socket.socket, rows: np.ndarray) -> tuple[int, int]:
         """``send`` of the rows of a 2-D uint8 array, each a whole frame (rows may lie apart,
@@ -537,11 +545,8 @@ class BatchSender:
         while sent < total:
             n = min(self.count, total - sent)
             iov[:n, 0] = self._counting[:n] * step + (base + sent * step)
-            went = self._sendmmsg(fd, self._messages, n, _MSG_DONTWAIT)
-            if went <= 0:
-                err = ctypes.get_errno() if went < 0 else errno.EAGAIN
-                if err == errno.EINTR:
-                    continue
+            went, err = self._submit(fd, n)
+            if err:
                 return sent, err
             sent += went
         return sent, 0
