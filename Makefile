@@ -31,7 +31,7 @@ bench: setup
 	$(PY) -m benchmarks.faults
 	$(PY) -m benchmarks.speed --bcube bcube:3,2
 
-bench-speed: setup  # against gloo on fast links, per lane width (star:4, bcube:3,2; ~12 min)
+bench-speed: setup  # against gloo on fast links, per lane width (star:4, bcube:3,2; ~3 min)
 	$(PY) -m pip install -q -e ".[torch]" || echo "bench-speed: torch is not installable here; no gloo rows"
 	$(PY) -m benchmarks.speed --bcube bcube:3,2
 
