@@ -329,6 +329,7 @@ def test_switch_process_loop_on_veths_leaves_what_the_pipeline_makes():
             switch.stopping.set()
             loop.join(5)
             server.stop(0)
+            sockets += switch.sockets.values()
     finally:
         for sock in sockets:
             sock.close()
