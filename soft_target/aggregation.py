@@ -269,9 +269,8 @@ class Aggregation:
         if done.any():
             self.stats[STAT_COMPLETED] += int(done.sum())
             completed = at[done]
-            results = self.route_results(tables, batch, start + completed,
-                                         raw_headers[completed], port, job, best[done],
-                                         sums[rows[done]])
+            results = self.route_results(tables, raw_headers[completed], port, job,
+                                         best[done], sums[rows[done]])
         if every:
             if type(results) is list:
                 results = [copy for copies in results for copy in copies]

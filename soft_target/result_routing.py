@@ -12,7 +12,7 @@ import numpy as np
 
 from bml.protocol import LANE_DTYPE
 from control_plane.p4info import Names
-from soft_target.batch import FrameBatch, ResultBlock
+from soft_target.batch import ResultBlock
 from soft_target.defines import (
     DROP_NO_OWNER,
     MODE_TO_OWNER,
@@ -82,17 +82,17 @@ class ResultRouting:
         return self.egress(tables, frame, port, ptype, exponent, values, generation, count,
                            egress_ports, owner_port)
 
-    def apply_results(self, tables: Tables, batch: FrameBatch, triggers: np.ndarray,
-                      raw_headers: np.ndarray, port: int, job: JobConfig, exponents: np.ndarray,
-                      sums: np.ndarray) -> ResultBlock | list[list[tuple[int, bytes]]]:
-        """``apply`` of the RESULTs that frames ``triggers`` of ``batch`` completed (their
-        first HEADER_END bytes as uint8 rows, each result's max exponent and int32 sums):
-        to the job's multicast group, all at once (a block of every trigger's copies); to a
-        chunk's owner, one by one (each trigger's copies)."""
+    def apply_results(self, tables: Tables, raw_headers: np.ndarray, port: int, job: JobConfig,
+                      exponents: np.ndarray, sums: np.ndarray
+                      ) -> ResultBlock | list[list[tuple[int, bytes]]]:
+        """``apply`` of the RESULTs that a batch's frames completed (their first HEADER_END
+        bytes as uint8 rows: all that ``apply`` reads of a trigger; each result's max exponent
+        and int32 sums): to the job's multicast group, all at once (a block of every
+        trigger's copies); to a chunk's owner, one by one (each trigger's copies)."""
         if job.result_mode == MODE_TO_OWNER:
-            return [self.apply(tables, batch.frame(i), port, job, TYPE_RESULT, exponent,
+            return [self.apply(tables, header.tobytes(), port, job, TYPE_RESULT, exponent,
                                row.astype(LANE_DTYPE).tobytes())
-                    for i, exponent, row in zip(triggers.tolist(), exponents.tolist(), sums,
-                                                strict=True)]
+                    for header, exponent, row in zip(raw_headers, exponents.tolist(), sums,
+                                                     strict=True)]
         return self.egress_results(tables, raw_headers, TYPE_RESULT, exponents, sums,
                                    tables.mcast_groups.get(job.mcast_grp, ()))
