@@ -226,16 +226,17 @@ class _SwitchNode:
 
 
 class _Segment:
-    __slots__ = ("backoff", "seq", "size")
+    __slots__ = ("attempt", "backoff", "seq", "size")
 
     def __init__(self, seq: int, size: int, backoff: float) -> None:
         self.seq, self.size, self.backoff = seq, size, backoff
+        self.attempt = 0  # re-sends so far: a retransmission timer set for an earlier one is void
 
 
 class _Connection:
     """One TCP connection along fixed hops: segments in order, a window of bytes in flight."""
 
-    __slots__ = ("ack_delay", "early", "expected", "in_flight", "messages", "min_rto",
+    __slots__ = ("ack_delay", "early", "expected", "in_flight", "lost", "messages", "min_rto",
                  "next_seq", "path", "unacked", "waiting", "window")
 
     def __init__(self, path: list[tuple[_Link, LinkDirection]], ack_delay: float,
@@ -244,6 +245,8 @@ class _Connection:
         self.window = window
         self.next_seq = self.expected = self.in_flight = self.unacked = 0
         self.early: set[int] = set()  # sequence numbers arrived ahead of a missing one
+        # Lost segments no later segment has arrived behind yet (RACK has no evidence yet).
+        self.lost: dict[int, _Segment] = {}
         self.messages: deque[tuple[int, Callable[[], None]]] = deque()  # (last seq, callback)
         self.waiting: deque[_Segment] = deque()  # not yet sent: outside the window
 
@@ -418,8 +421,10 @@ class Network:
         path's propagation delay after its segment arrived; ACKs take no link time). Segments
         share every FIFO with frames but are never tail-dropped. A switch forwards them
         without its pipeline (the l2 path, which the packet tests cover), but only alive and
-        holding the next NIC's l2 entry. A lost segment is re-sent from the source after
-        max(``min_rto``, 4 x the path's queueing); one that meets a down link or a switch that
+        holding the next NIC's l2 entry. A lost segment is re-sent from the source as Linux's
+        RACK does once a segment sent after it has arrived (its SACK back, a quarter of the
+        round trip more), else after max(``min_rto``, 4 x the path's queueing) (a lone or
+        last segment: the RTO); one that meets a down link or a switch that
         cannot forward is re-sent after ``min_rto``, doubling to MAX_BACKOFF, until the path
         is back. ``min_rto``: the connection's least retransmission timeout, as its sockets
         set it, and ``window``: the bytes the sender keeps unacknowledged on it, as it paces
@@ -511,14 +516,23 @@ class Network:
             direction.lost += 1
             self._note(LOST, link)
             queueing = sum(max(0.0, d.busy_until - now) for _, d in connection.path)
-            self.clock._push(now + max(connection.min_rto, 4 * queueing), self._enter,
-                             (connection, segment, 0))
+            connection.lost[segment.seq] = segment
+            self.clock._push(now + max(connection.min_rto, 4 * queueing), self._retransmit,
+                             (connection, segment, segment.attempt))
             return None
         arrival = end + shape.delay
         if shape.reorder and self.rng.random() < shape.reorder:
             arrival += shape.reorder_delay
         self.clock._push(arrival, self._segment_arrives, (connection, segment, hop, link.epoch))
         return None
+
+    def _retransmit(self, connection: _Connection, segment: _Segment, attempt: int) -> None:
+        """Re-send a lost segment, unless its other timer (RACK's or the RTO) did first."""
+        if segment.attempt != attempt:
+            return
+        segment.attempt += 1
+        connection.lost.pop(segment.seq, None)
+        self._enter(connection, segment, 0)
 
     def _stall(self, connection: _Connection, segment: _Segment, kind: int,
                link: _Link) -> None:
@@ -535,8 +549,15 @@ class Network:
         if hop + 1 < len(connection.path):
             return self._enter(connection, segment, hop + 1)
         self._note(SEGMENT, link)
-        self.clock._push(self.clock.now + connection.ack_delay, self._acked,
-                         (connection, segment.size))
+        now = self.clock.now
+        self.clock._push(now + connection.ack_delay, self._acked, (connection, segment.size))
+        if connection.lost:
+            # RACK: the SACK of a segment sent after a lost one returns, and a quarter of the
+            # round trip later (its reordering window) the lost one is re-sent.
+            rack = now + 1.5 * connection.ack_delay
+            for seq in [seq for seq in connection.lost if seq < segment.seq]:
+                lost = connection.lost.pop(seq)
+                self.clock._push(rack, self._retransmit, (connection, lost, lost.attempt))
         if segment.seq != connection.expected:
             connection.early.add(segment.seq)
             return None

@@ -262,6 +262,42 @@ def test_streams_arrive_in_order_and_count_their_segments():
     assert net.counters[(0, 0, "up")].lost + net.counters[(1, 0, "down")].lost > 0
 
 
+class FirstDrawLoses(random.Random):
+    """Loses the first frame or segment the network draws loss for, and nothing after it."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.draws = 0
+
+    def random(self) -> float:
+        self.draws += 1
+        return 0.0 if self.draws == 1 else 0.99
+
+
+@pytest.mark.parametrize("behind", [True, False])
+def test_a_lost_segment_is_resent_as_rack_does_or_after_the_rto_when_alone(behind):
+    """A lost segment with one sent behind it is re-sent once that one's SACK is back (Linux's
+    RACK: the HERE behind every EXPONENTS and DONE is there for this); alone, it waits for
+    the retransmission timeout."""
+    hosts = Hosts()
+    net = Network(hosts.clock, BCUBE, LinkShape(rate=1e8, loss=0.01), FirstDrawLoses(),
+                  hosts.deliver)
+    for switch in BCUBE.switches:
+        net.provision(switch.name)
+    hops = net.route(0, 1, 0, detour=False)
+    arrived: list[tuple[str, float]] = []
+    net.send_stream(hops, 100, lambda: arrived.append(("lost", hosts.clock.now)), 0.02)
+    if behind:
+        net.send_stream(hops, 16, lambda: arrived.append(("behind", hosts.clock.now)), 0.02)
+    hosts.clock.run_until(1.0)
+    assert net.counters[(0, 0, "up")].lost == 1
+    assert [name for name, _ in arrived] == (["lost", "behind"] if behind else ["lost"])
+    if behind:
+        assert arrived[0][1] < 0.001  # two transits and the SACK's way back: microseconds
+    else:
+        assert 0.02 < arrived[0][1] < 0.021
+
+
 def test_a_stream_waits_for_a_down_link_and_detours_around_a_dead_switch():
     net, hosts = network()
     hops = net.route(0, 1, 0, detour=False)
