@@ -226,11 +226,12 @@ class _SwitchNode:
 
 
 class _Segment:
-    __slots__ = ("attempt", "backoff", "seq", "size")
+    __slots__ = ("attempt", "backoff", "sent", "seq", "size")
 
     def __init__(self, seq: int, size: int, backoff: float) -> None:
         self.seq, self.size, self.backoff = seq, size, backoff
         self.attempt = 0  # re-sends so far: a retransmission timer set for an earlier one is void
+        self.sent = 0.0  # when its latest transmission left the source
 
 
 class _Connection:
@@ -495,6 +496,8 @@ class Network:
 
     def _enter(self, connection: _Connection, segment: _Segment, hop: int) -> None:
         link, direction = connection.path[hop]
+        if not hop:
+            segment.sent = self.clock.now
         if hop % 2:  # at the switch
             pipeline = link.node.pipeline
             if pipeline is None:
@@ -553,9 +556,11 @@ class Network:
         self.clock._push(now + connection.ack_delay, self._acked, (connection, segment.size))
         if connection.lost:
             # RACK: the SACK of a segment sent after a lost one returns, and a quarter of the
-            # round trip later (its reordering window) the lost one is re-sent.
-            rack = now + 1.5 * connection.ack_delay
-            for seq in [seq for seq in connection.lost if seq < segment.seq]:
+            # round trip later (its reordering window) the lost one is re-sent. "After": later,
+            # or at the same time with a higher sequence number (RACK's rule).
+            rack, after = now + 1.5 * connection.ack_delay, (segment.sent, segment.seq)
+            for seq in [seq for seq, lost in connection.lost.items()
+                        if (lost.sent, seq) < after]:
                 lost = connection.lost.pop(seq)
                 self.clock._push(rack, self._retransmit, (connection, lost, lost.attempt))
         if segment.seq != connection.expected:
