@@ -100,7 +100,8 @@ class Kind(enum.IntEnum):
     # link, lost: [server] of workers that left (an elastic job goes on without them); summed:
     # I returned the whole sum all the same (a failure kept only DONEs away)
     HERE = 9  # I am still in this call: sent while nothing else goes to you and I miss blocks,
-    # and right behind EXPONENTS and DONE, so that a lost one is SACKed past (``Call._trail``)
+    # and right behind EXPONENTS, DONE and ABORT, so that a lost one is SACKed past
+    # (``Call._trail``, ``Mesh.abort``)
 
 
 def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
@@ -234,14 +235,18 @@ class Mesh:
     def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
               lost: set[int] | None = None, linger: float = 0.3, summed: bool = False) -> None:
         """Tell every neighbour still connected why this worker gives up on ``call``
-        (``abort_message``), best effort and bounded by ``linger``."""
+        (``abort_message``), best effort and bounded by ``linger``. A HERE follows it, as it
+        follows EXPONENTS and DONE (``Call._trail``): a lost ABORT with nothing behind it
+        waits for TCP's timeout, 200 ms here, and a neighbour that holds the whole sum may
+        return it meanwhile and leave this worker's re-run without it."""
         message = abort_message(call, reason, broken, lost, summed)
         peers = [peer for peer in self.peers.values() if not peer.closed]
-        for peer in peers:
-            try:
-                peer.queue(message)
-            except (OSError, MeshError):
-                continue
+        for trailer in (message, encode_message(Kind.HERE, call)):
+            for peer in peers:
+                try:
+                    peer.queue(trailer)
+                except (OSError, MeshError):
+                    continue
         deadline = time.monotonic() + linger
         while time.monotonic() < deadline and any(peer.outbox for peer in peers):
             time.sleep(0.01)

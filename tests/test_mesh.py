@@ -15,7 +15,15 @@ from bml.topology import Topology
 from hosts.call import Call
 from hosts.engine import Engine
 from hosts.membership import Membership
-from hosts.mesh import MESSAGE, Kind, Peer, encode_message
+from hosts.mesh import (
+    MESSAGE,
+    Kind,
+    Mesh,
+    Peer,
+    abort_reason,
+    decode_message,
+    encode_message,
+)
 from hosts.recovery import NicState
 
 
@@ -101,3 +109,31 @@ def test_exponents_that_do_not_inflate_end_the_call_naming_the_sender():
                     head + bytes(floats // 64))  # raw bytes, not zlib
     assert call.finished
     assert f"server {key[1]}" in str(call.error) and "inflate" in str(call.error)
+
+
+def test_an_abort_goes_out_with_a_here_behind_it():
+    """A lost ABORT with nothing behind it waits for TCP's timeout (200 ms), long enough for a
+    neighbour holding the whole sum to return it and leave the re-run without it
+    (``tests/test_sim.py``, seed 90040 at 2% loss): a HERE follows it, written on its own,
+    so that the ABORT is SACKed past and re-sent within a round trip."""
+    mesh = Mesh(1, 0, Topology.parse("star:2"), 1.0, connect=False)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        near, far = connected_pair(listener)
+        writes: list[int] = []
+        peer = Peer(1, 0, near)
+        flush = peer.flush
+        peer.flush = lambda: (writes.append(peer.outbox.size), flush())[1]
+        mesh.peers = {(0, 1): peer}
+        mesh.abort(7, "switch s0 (level 0) stopped answering", {(0, 0)})
+        first, second = writes[:2]
+        assert second == MESSAGE.size  # two writes, so two segments: the HERE alone
+        data = bytearray()
+        far.settimeout(2.0)
+        while len(data) < first + second:
+            data += far.recv(1 << 16)
+        kind, call, *_rest, payload = decode_message(data)
+        assert (kind, call) == (Kind.ABORT, 7) and first == MESSAGE.size + len(payload)
+        assert abort_reason(payload).broken == {(0, 0)}
+        assert decode_message(data[first:])[:2] == (Kind.HERE, 7)
+        near.close()
+        far.close()

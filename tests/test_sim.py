@@ -75,6 +75,18 @@ def test_a_link_failing_as_a_neighbour_finishes_leaves_nobody_waiting_for_it():
     assert verdict.gst < 5.0  # a detection time or two, not the 30 s timeout
 
 
+def test_a_lost_abort_is_re_sent_before_the_neighbours_holding_the_sum_return_it():
+    """Found by ``bml-sim soak --loss 0.02``: h0's level-0 link fails 2 ms into a host-based
+    call, when servers 1 and 3 already hold the sum. Server 0 finds its switch silent after
+    1.5 s and re-runs the call; its ABORT to server 2 was lost and, with nothing behind it,
+    re-sent after TCP's 200 ms, by when servers 1 and 3 had returned the sum: servers 0 and 2
+    waited 10 s for them in the re-run. With a HERE behind the ABORT it is re-sent within a
+    round trip and all four re-run."""
+    verdict = run_seed(90040, "bcube:2,2", "host-based", floats=4096, rate=100e6, loss=0.02)
+    assert verdict.ok, verdict.problems
+    assert verdict.gst < 5.0
+
+
 def test_a_switch_failing_once_some_workers_hold_the_sum_ends_the_call_with_it_everywhere():
     """Found by ``bml-sim soak --lanes 2208``: s1_2 dies 2 ms into a 2-block call, when
     servers 0-2 already hold the whole sum (and return it). A re-run would need them, so
