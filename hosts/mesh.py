@@ -237,8 +237,9 @@ class Mesh:
         """Tell every neighbour still connected why this worker gives up on ``call``
         (``abort_message``), best effort and bounded by ``linger``. A HERE follows it, as it
         follows EXPONENTS and DONE (``Call._trail``): a lost ABORT with nothing behind it
-        waits for TCP's timeout, 200 ms here, and a neighbour that holds the whole sum may
-        return it meanwhile and leave this worker's re-run without it."""
+        waits for TCP's timeout (200 ms; 20 ms on a control-only mesh), and a neighbour that
+        holds the whole sum may return it meanwhile and leave this worker's re-run without
+        it."""
         message = abort_message(call, reason, broken, lost, summed)
         peers = [peer for peer in self.peers.values() if not peer.closed]
         for trailer in (message, encode_message(Kind.HERE, call)):
