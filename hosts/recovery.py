@@ -77,8 +77,8 @@ SWITCH_DEADLINE = 0.5
 # A window whose NIC knows no answer time yet (a fresh process, or a call re-planned:
 # ``NicState.restart``) starts with this many frames in flight and one more per answer, up
 # to its own bound (TCP's slow start): the switch's queue then never holds more of every
-# member's first window than the answers so far have timed. With every member's whole
-# window at once (256 frames each), BMv2's default build took seconds to send a first answer.
+# member's first window than the answers so far have timed. Every member's whole window at
+# once (256 frames each) takes BMv2's default build seconds to work through.
 INITIAL_IN_FLIGHT = 16
 # ... before this NIC has seen its first window answered while slots wait: that window is
 # short, so the first answers take what the start does on a loaded host.

@@ -131,9 +131,9 @@ def test_a_switch_killed_before_the_first_windows_are_answered_is_found_as_at_th
     """s0_0 dies 0.2 ms in, after the exponent exchange, while every server's first windows
     wait for their first answers: no NIC knows an answer time. Those windows start small
     (``INITIAL_IN_FLIGHT``, then one more per answer), so the watch waits for a first answer
-    as long as it does at the start (``FIRST_ANSWER_DEADLINE``), not the seconds every
-    member's whole window once took BMv2 to work through: each server re-plans within that
-    and a silence, and the sums are right."""
+    as long as it does at the start (``FIRST_ANSWER_DEADLINE``), not the 10 s that whole
+    windows at once would need (BMv2's default build takes seconds to work through every
+    member's): each server re-plans within that and a silence, and the sums are right."""
     scenario = trial("bcube:3,2", "in-network", Fault("switch", 0.0002, "s0_0"),
                      floats=100_000)
     scenario.rate = 1e9
