@@ -3,11 +3,12 @@
 The same namespaces and veths, links left fast (tbf at 10 Gbit/s): star:N with the switch at
 each lane width (64: the Tofino-class build; the widest a 9000-byte frame holds), the
 in-network allreduce beside gloo's ring allreduce on the same servers, every size; with
-``--bcube``, the planner's schedule on bcube:n,k beside gloo's ring over a star of as many
-servers. Each scheme makes ``--repeat`` timed calls after its warm-up; each row prints the
-median GST, its ratio to gloo's in the same run, the CPU seconds per GB of gradient of the
-hosts (the workers' processes) and of the switches (their processes), and the fresh pages a
-worker faults in per call. Results go to ``results/speed.md`` and ``.json``.
+``--bcube``, the planner's schedule on bcube:n,k (or each of ``--bcube-schedules``) beside
+gloo's ring over a star of as many servers. Each scheme makes ``--repeat`` timed calls after
+its warm-up; each row prints the median GST, its ratio to gloo's in the same run, the CPU
+seconds per GB of gradient of the hosts (the workers' processes) and of the switches (their
+processes), and the fresh pages a worker faults in per call. Results go to
+``results/speed.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.common import float_check, have_torch, parse_size, run_workers
 from bml.protocol import BUILT_LANES, DEFAULT_LANES, WIDEST_LANES
+from bml.schedule import SCHEDULES
 from bml.topology import Topology
 from control_plane.fabric import Fabric
 from emulation import net
@@ -107,8 +109,9 @@ def star_rows(args, sizes: list[int], tmp: Path) -> list[dict]:
 
 
 def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
-    """The planner's schedule on the BCube at the widest width, and gloo's ring over a star of
-    as many servers, on the same machine."""
+    """The planner's schedule on the BCube at the widest width (or each of
+    ``--bcube-schedules``, one job each, set up and removed in turn), and gloo's ring over a
+    star of as many servers, on the same machine."""
     topology = Topology.parse(args.bcube)
     servers = topology.num_servers
     ring = None
@@ -126,18 +129,23 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
     lanes = max(args.lanes)
     net.down(args.name)
     state = net.up(args.name, args.bcube, "soft", Shaping(rate=args.rate), lanes=lanes)
+    rows = []
     try:
-        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(1)
-        bml = measure(state, "bml", servers, size, tmp, ["--lanes", str(lanes)], lanes,
-                      args.repeat)
+        fabric = Fabric.load(state.run_dir / "fabric.json")
+        for job, schedule in enumerate(args.bcube_schedules, 1):
+            fabric.add_scheduled_job(job, schedule)
+            bml = measure(state, "bml", servers, size, tmp,
+                          ["--job", str(job), "--lanes", str(lanes)], lanes, args.repeat)
+            fabric.remove_job(job)
+            row = {"topo": args.bcube, "lanes": lanes, "elements": size, "bml": bml,
+                   "gloo": ring, "ratio": bml["gst"] / ring["gst"] if ring else None}
+            rows.append(row)
+            print(f"{bml['schedule']:<11} {args.bcube} {size:>8} floats, {lanes} lanes: GST "
+                  f"{bml['gst']:.3f} s" + (f" = {row['ratio']:.2f} x gloo (star:{servers})"
+                                           if ring else ""), flush=True)
     finally:
         net.down(args.name)
-    row = {"topo": args.bcube, "lanes": lanes, "elements": size, "bml": bml, "gloo": ring,
-           "ratio": bml["gst"] / ring["gst"] if ring else None}
-    print(f"{bml['schedule']:<11} {args.bcube} {size:>8} floats, {lanes} lanes: GST "
-          f"{bml['gst']:.3f} s" + (f" = {row['ratio']:.2f} x gloo (star:{servers})"
-                                   if ring else ""), flush=True)
-    return [row]
+    return rows
 
 
 def write_results(rows: list[dict], rate: str, repeat: int) -> None:
@@ -180,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         choices=BUILT_LANES)
     parser.add_argument("--bcube", help="also the planner's schedule on this BCube (e.g. "
                         "bcube:3,2) against gloo over a star of as many servers")
+    parser.add_argument("--bcube-schedules", nargs="+", default=["auto"],
+                        choices=["auto", *SCHEDULES],
+                        help="the schedules to run on the BCube (auto: the planner's)")
     parser.add_argument("--name", default="speed")
     parser.add_argument("--repeat", type=int, default=5,
                         help="timed calls per scheme and size; GST is their median (single "
