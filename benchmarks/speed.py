@@ -134,8 +134,9 @@ def bcube_rows(args, size: int, tmp: Path) -> list[dict]:
         fabric = Fabric.load(state.run_dir / "fabric.json")
         for job, schedule in enumerate(args.bcube_schedules, 1):
             fabric.add_scheduled_job(job, schedule)
+            named = [] if schedule == "auto" else ["--schedule", schedule]
             bml = measure(state, "bml", servers, size, tmp,
-                          ["--job", str(job), "--lanes", str(lanes)], lanes, args.repeat)
+                          ["--job", str(job), "--lanes", str(lanes), *named], lanes, args.repeat)
             fabric.remove_job(job)
             row = {"topo": args.bcube, "lanes": lanes, "elements": size, "bml": bml,
                    "gloo": ring, "ratio": bml["gst"] / ring["gst"] if ring else None}
