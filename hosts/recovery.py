@@ -74,15 +74,11 @@ MID_CALL_STALL = 4
 # taken for a dead switch).
 SWITCH_SILENCE = 0.5
 SWITCH_DEADLINE = 0.5
-# A window whose NIC knows no answer time yet (a fresh process, or a call re-planned:
-# ``NicState.restart``) starts with this many frames in flight and one more per answer, up
-# to its own bound (TCP's slow start): the switch's queue then never holds more of every
-# member's first window than the answers so far have timed. Every member's whole window at
-# once (256 frames each) takes BMv2's default build seconds to work through.
-INITIAL_IN_FLIGHT = 16
-# ... before this NIC has seen its first window answered while slots wait: that window is
-# short, so the first answers take what the start does on a loaded host.
-FIRST_ANSWER_DEADLINE = 3.0
+# ... before this NIC has seen any slot answered (a fresh process, or a call re-planned:
+# ``NicState.restart``) while slots wait: a slow
+# switch (BMv2's default build) may take seconds to work through the first window of every
+# member.
+FIRST_ANSWER_DEADLINE = 10.0
 # ... and on a NIC that sends the switch no slots (host-to-host streams only, host-based
 # BML), so knows no answer time. The streams the switch forwards are its signs of life
 # (``NicState.delivered``), so a question goes out only once they too have paused: then no
@@ -279,8 +275,7 @@ class SlotWindow:
     (``total_uses``) and what a use's frame holds (``frame_of``), and reads the answers. The
     frames presumed in the link's queue are those sent after the latest frame answered (the
     queue is FIFO: anything sent before that one has passed it, or was lost); at most
-    ``in_flight`` are (fewer at first on a NIC that knows no answer time yet: ``limit``,
-    ``INITIAL_IN_FLIGHT``), and uses beyond wait in ``held``, lowest sequence number first, so that
+    ``in_flight`` are, and uses beyond wait in ``held``, lowest sequence number first, so that
     every member sends the blocks in the same order whatever order its answers came in (a
     member sending ahead of the others waits for them in the switch, not the link).
 
@@ -325,14 +320,7 @@ class SlotWindow:
         self.one_slot_first = one_slot_first
         self.answers = 0
         self.last_answer = now
-        # Frames the queue may hold now: a window whose NIC knows no answer time starts small
-        # and grows by one per answer (``INITIAL_IN_FLIGHT``). Only where every member sends
-        # the same uses in the same order: where each has its own order (a later step), a
-        # member's few frames in flight may all wait for uses another holds back, and the
-        # window's slots themselves bound its queue (``bml.schedule.channel_slots``).
-        self.limit = (min(in_flight, INITIAL_IN_FLIGHT) if nic.restarted and in_order
-                      else in_flight)
-        nic.expect(min(self.limit, sum(total_uses)))
+        nic.expect(min(in_flight, sum(total_uses)))
 
     def frame_of(self, slot: int, seq: int) -> bytes:
         """The frame of the slot's next use (sequence number ``seq``)."""
@@ -350,7 +338,7 @@ class SlotWindow:
     def release(self, now: float) -> None:
         """Send held uses, lowest sequence number first, while the queue has room."""
         held, sends = self.held, self.sends
-        while held and len(sends) < self.limit:
+        while held and len(sends) < self.in_flight:
             seq, slot = heapq.heappop(held)
             self.send(slot, self.frame_of(slot, seq), now)
 
@@ -409,8 +397,6 @@ class SlotWindow:
             # starting restart, instead of all firing at once.
             self.last_sent = [now] * self.window
         self.answers += 1
-        if self.limit < self.in_flight:
-            self.limit += 1
         self.last_answer = self.nic.delivered = now
         self.frames[slot] = None
         self.next_use[slot] += 1

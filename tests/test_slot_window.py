@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bml.protocol import PacketType, pack_header
-from hosts.recovery import INITIAL_IN_FLIGHT, MID_CALL_STALL, NicState, SlotWindow
+from hosts.recovery import MID_CALL_STALL, NicState, SlotWindow
 from hosts.stats import CallStats
 
 ANSWER = 0.01  # every answer time the NIC has seen
@@ -77,46 +77,3 @@ def test_a_slot_left_behind_waits_one_timeout_not_a_mid_call_stall():
     assert len(busy.sends) == 12
     assert not busy.overdue(MID_CALL_STALL * TIMEOUT - 0.001, False)
     assert len(busy.overdue(MID_CALL_STALL * TIMEOUT + 0.001, False)) == 12
-
-
-def test_a_window_starts_small_until_its_nic_knows_an_answer_time():
-    """Slow start: on a NIC that knows no answer time yet (a fresh process, a re-planned call)
-    a window sends ``INITIAL_IN_FLIGHT`` frames, then one more per answer (two frames for
-    each answered one) up to its bound, lowest sequence numbers first; so every member's first
-    window puts no more in the switch's queue than the first answers time. A NIC whose
-    first window was answered sends the whole window at once, and so does a window whose
-    members each send in their own order (a later step), where a member's few frames could
-    all wait for uses the others hold back."""
-    def sent_seqs(frames: list[bytes]) -> list[int]:
-        return [int.from_bytes(frame[-4:], "big") for frame in frames]
-
-    sent: list[bytes] = []
-    slots = Window(NicState(0, "10.1.255.1"), 64, [4] * 64, 40, 0.0, sent.append, CallStats())
-    for slot in range(64):
-        slots.launch(slot, 0.0)
-    assert sent_seqs(sent) == list(range(INITIAL_IN_FLIGHT))
-    for slot in range(24):  # answered in order: each frees its place and adds one
-        slots.answered(0.001, slot)
-        slots.launch(slot, 0.001)
-        assert len(slots.sends) == INITIAL_IN_FLIGHT + slot + 1
-    assert sent_seqs(sent) == list(range(64))
-    slots.answered(0.001, 24)
-    slots.launch(24, 0.001)
-    assert len(slots.sends) == 40 and len(sent) == 65  # the window's bound: one for one
-
-    settled = NicState(0, "10.1.255.1")
-    settled.expect(1)
-    settled.answered()
-    assert not settled.restarted
-    sent.clear()
-    full = Window(settled, 64, [4] * 64, 40, 0.0, sent.append, CallStats())
-    for slot in range(64):
-        full.launch(slot, 0.0)
-    assert len(sent) == 40
-
-    sent.clear()
-    later_step = Window(NicState(0, "10.1.255.1"), 40, [1] * 40, 40, 0.0, sent.append,
-                        CallStats(), in_order=False)
-    for slot in range(40):
-        later_step.launch(slot, 0.0)
-    assert len(sent) == 40
