@@ -101,7 +101,7 @@ class Kind(enum.IntEnum):
     # I returned the whole sum all the same (a failure kept only DONEs away)
     HERE = 9  # I am still in this call: sent while nothing else goes to you and I miss blocks,
     # and right behind EXPONENTS, DONE and ABORT, so that a lost one is SACKed past
-    # (``Call._trail``, ``Mesh.abort``)
+    # (``Call._trail``, ``abort_messages``)
 
 
 def encode_message(kind: Kind, call: int = 0, stripe: int = 0, step: int = 0, start: int = 0,
@@ -128,6 +128,16 @@ def abort_message(call: int, reason: str, broken: set[tuple[int, int]] | None = 
     payload = json.dumps({"reason": reason[:2000], "broken": sorted(broken or ()),
                           "lost": sorted(lost or ()), "summed": summed}).encode()
     return encode_message(Kind.ABORT, call, payload=payload)
+
+
+def abort_messages(call: int, reason: str, broken: set[tuple[int, int]] | None = None,
+                   lost: set[int] | None = None, summed: bool = False) -> tuple[bytes, bytes]:
+    """What a worker giving up on ``call`` writes to each neighbour, in two writes: the ABORT
+    (``abort_message``) and a HERE behind it, as behind EXPONENTS and DONE (``Call._trail``):
+    a lost ABORT with nothing behind it waits for TCP's timeout (200 ms; 20 ms on a
+    control-only mesh), and a neighbour that holds the whole sum may return it meanwhile and
+    leave the re-run without it."""
+    return abort_message(call, reason, broken, lost, summed), encode_message(Kind.HERE, call)
 
 
 @dataclass
@@ -235,17 +245,13 @@ class Mesh:
     def abort(self, call: int, reason: str, broken: set[tuple[int, int]] | None = None,
               lost: set[int] | None = None, linger: float = 0.3, summed: bool = False) -> None:
         """Tell every neighbour still connected why this worker gives up on ``call``
-        (``abort_message``), best effort and bounded by ``linger``. A HERE follows it, as it
-        follows EXPONENTS and DONE (``Call._trail``): a lost ABORT with nothing behind it
-        waits for TCP's timeout (200 ms; 20 ms on a control-only mesh), and a neighbour that
-        holds the whole sum may return it meanwhile and leave this worker's re-run without
-        it."""
-        message = abort_message(call, reason, broken, lost, summed)
+        (``abort_messages``: the ABORT, a HERE behind it), best effort and bounded by
+        ``linger``."""
         peers = [peer for peer in self.peers.values() if not peer.closed]
-        for trailer in (message, encode_message(Kind.HERE, call)):
+        for outgoing in abort_messages(call, reason, broken, lost, summed):
             for peer in peers:
                 try:
-                    peer.queue(trailer)
+                    peer.queue(outgoing)
                 except (OSError, MeshError):
                     continue
         deadline = time.monotonic() + linger

@@ -24,7 +24,7 @@ from bml.schedule import connection_limit, mesh_is_control_only, stream_budgets
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
-from hosts.mesh import CONTROL_RTO_MIN_US, Kind, abort_message, decode_message, encode_message
+from hosts.mesh import CONTROL_RTO_MIN_US, abort_messages, decode_message
 from hosts.recovery import CONNECT_CHECK_AFTER, START_DEADLINE, NicState
 from hosts.stats import CallStats, Replan
 from simulation.network import MIN_RTO, Clock, Network
@@ -313,9 +313,9 @@ class SimWorker:
                 self.plan = self.plan.adopting(call.adopted)
             failure = self.aftermath = call.failed_after_result
             if failure is not None:
-                message = abort_message(call.tag, str(failure), getattr(failure, "broken", None),
-                                        getattr(failure, "lost", None), summed=True)
-                self._abort(message, call.tag)
+                self._abort(abort_messages(call.tag, str(failure),
+                                           getattr(failure, "broken", None),
+                                           getattr(failure, "lost", None), summed=True))
             if self.replans:
                 self.replans[-1].resumed_at = stats.first_result
             stats.replans = self.replans
@@ -338,18 +338,18 @@ class SimWorker:
         call.on_timer(self.clock.now)
         self._pump()
 
-    def _abort(self, message: bytes, tag: int) -> None:
-        """As ``Mesh.abort``: the ABORT to every neighbour, a HERE behind it."""
-        for trailer in (message, encode_message(Kind.HERE, tag)):
+    def _abort(self, messages: tuple[bytes, ...]) -> None:
+        """As ``Mesh.abort``: ``abort_messages`` to every neighbour, one write each."""
+        for outgoing in messages:
             for home, connection in self.linked.items():
-                self._stream(home, trailer, connection)
+                self._stream(home, outgoing, connection)
 
     def _failed(self, call: Call) -> None:
         """As ``Engine.allreduce``: tell the neighbours, then re-plan, shrink or stop."""
         error = call.error
         broken = error.broken if isinstance(error, PartFailed) else None
         lost = error.lost if isinstance(error, WorkerLost) else None
-        self._abort(abort_message(call.tag, str(error), broken, lost), call.tag)
+        self._abort(abort_messages(call.tag, str(error), broken, lost))
         try:
             if isinstance(error, PartFailed):
                 plan = self.plan.replanned(error)
