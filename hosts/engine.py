@@ -32,29 +32,45 @@ from hosts.loop import NicSocket, drive
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Mesh, MeshError
 from hosts.recovery import (
-    CONNECT_CHECK_AFTER,
     CONNECT_QUESTION_WAIT,
     START_DEADLINE,
     NicState,
+    SwitchQuestions,
+    question_wait,
 )
 from hosts.stats import CallStats, Replan
 
 __all__ = ["CallStats", "Engine", "Replan"]
 
 
-class _SlowNeighbours:
-    """The mesh's question when neighbours are slow to connect: is their levels' switch
-    dead? A switch down before the call is then planned around seconds into it, not at the
-    start timeout. The wait for its answer is the exchange's (``START_DEADLINE``): every
-    worker process starting at once loads the switches too."""
-
-    after = CONNECT_CHECK_AFTER
+class _SwitchCheck:
+    """The mesh's question while neighbours have not connected yet: are their levels'
+    switches dead? Asked at once, so a switch down before the processes start is planned
+    around ``START_DEADLINE`` into the mesh (every worker process starting at once loads the
+    switches too), not at the start timeout. Polled by ``Mesh.establish``; never blocks."""
 
     def __init__(self, engine: Engine, mesh: Mesh) -> None:
         self.engine, self.mesh = engine, mesh
+        self.questions: SwitchQuestions | None = engine.questions(
+            set(engine.plan.live_levels()), START_DEADLINE)
 
-    def missing(self, levels: set[int]) -> bool:
-        return self.engine.plan_around_silent(self.mesh, levels, START_DEADLINE)
+    def poll(self, missing: set[int]) -> bool:
+        """Ask what is due and read the answers; once the wait is over, re-plan around the
+        silent switches of levels still ``missing`` neighbours (True: the mesh's detours
+        changed, and a new round asks the switches left)."""
+        questions = self.questions
+        if questions is None:
+            return False
+        now = time.monotonic()
+        self.engine.ask(questions, now)
+        if not questions.over(now):
+            return False
+        self.questions = None
+        if not self.engine.replan_around(self.mesh, questions.silent & missing):
+            return False
+        self.questions = self.engine.questions(set(self.engine.plan.live_levels()),
+                                               START_DEADLINE)
+        return True
 
 
 class Engine:
@@ -118,14 +134,14 @@ class Engine:
         Neighbours that cannot be reached on a level whose switch does not answer either
         (it was down before the call started) are reached over that level's detour: the
         membership is re-planned around the switch, and the connections made stay. The
-        switches are asked once neighbours are still missing ``CONNECT_CHECK_AFTER`` s in,
-        and again at the start timeout."""
+        switches are asked as the mesh starts (``_SwitchCheck``), and again at the start
+        timeout."""
         plan = self.plan
         self.calls = 0
         mesh = Mesh(plan.job, plan.server, plan.topology, self.start_timeout, plan.detours(),
                     plan.addresses(), stream_budgets(plan.schedule, plan.server),
                     mesh_is_control_only(plan.schedule, plan.server), connect=False)
-        early = _SlowNeighbours(self, mesh) if self.start_timeout > CONNECT_CHECK_AFTER else None
+        early = _SwitchCheck(self, mesh) if self.start_timeout > START_DEADLINE else None
         try:
             while True:
                 try:
@@ -139,12 +155,47 @@ class Engine:
             mesh.close(linger=0.0)
             raise
 
-    def plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
-        """Re-plan around those of the switches of ``levels`` that do not answer (the mesh
-        then dials over their detours); False if every one answers. TransportError if
-        there is no plan around them."""
+    def questions(self, levels: set[int], least_wait: float) -> SwitchQuestions:
+        """A round of questions to the switches of ``levels`` (``SwitchQuestions``)."""
+        return SwitchQuestions(levels, time.monotonic(),
+                               question_wait(self.nic_states, levels, least_wait))
+
+    def ask(self, questions: SwitchQuestions, now: float) -> None:
+        """Send the questions due, and take the answers waiting on the NICs' sockets (no
+        call runs: anything else there is a late frame of an earlier one)."""
         plan = self.plan
-        silent = self._silent_switches(levels & set(plan.live_levels()), least_wait)
+        me = plan.topology.digits(plan.server)
+        for level in questions.due(now):
+            self.links[level].send(generation_question(plan.probe_job(), me[level], self.wire))
+        buffer = bytearray(MTU)
+        for level, link in enumerate(self.links):
+            link.drain()
+            while True:
+                try:
+                    size = link.sock.recv_into(buffer)
+                except (BlockingIOError, InterruptedError):
+                    break
+                if size >= HEADER_BYTES and buffer[0] == PacketType.GENERATION:
+                    questions.answered(level)
+
+    def plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
+        """Re-plan around those of the switches of ``levels`` that answer no question within
+        max(``least_wait``, 3 answer times) (the mesh then dials over their detours); False
+        if every one answers. TransportError if there is no plan around them."""
+        questions = self.questions(levels & set(self.plan.live_levels()), least_wait)
+        while not questions.over(time.monotonic()):
+            self.ask(questions, time.monotonic())
+            select.select([self.links[level].sock for level in questions.waiting], [], [],
+                          0.05)
+        return self.replan_around(mesh, questions.silent)
+
+    def replan_around(self, mesh: Mesh, silent_levels: set[int]) -> bool:
+        """Re-plan around this worker's switches of ``silent_levels`` (False if none): the
+        mesh then dials over their detours. TransportError if there is no plan around
+        them."""
+        plan = self.plan
+        silent = {(level, plan.topology.switch_index(plan.server, level))
+                  for level in silent_levels & set(plan.live_levels())}
         if not silent:
             return False
         names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(silent))
@@ -154,38 +205,6 @@ class Engine:
         self.connect_replans.append(Replan(cause, plan.schedule.describe(), time.monotonic()))
         mesh.detours = plan.detours()
         return True
-
-    def _silent_switches(self, levels: set[int], least_wait: float) -> set[tuple[int, int]]:
-        """The groups of those of this worker's switches that answer no GENERATION question
-        within max(``least_wait``, 3 answer timeouts), asked four times."""
-        plan = self.plan
-        me = plan.topology.digits(plan.server)
-        waiting = set(levels)
-        buffer = bytearray(MTU)
-        # As the call's watch: a loaded switch (BMv2 draining an old call's frames) answers
-        # late, not never.
-        wait = max([least_wait,
-                    *(3 * self.nic_states[level].answer_time() for level in levels)])
-        deadline = time.monotonic() + wait
-        next_ask = 0.0
-        while waiting and time.monotonic() < deadline:
-            if time.monotonic() >= next_ask:
-                for level in waiting:
-                    self.links[level].send(generation_question(plan.probe_job(), me[level],
-                                                               self.wire))
-                next_ask = time.monotonic() + wait / 4
-            select.select([self.links[level].sock for level in waiting], [], [], 0.05)
-            for level in list(waiting):
-                link = self.links[level]
-                link.drain()
-                while True:
-                    try:
-                        size = link.sock.recv_into(buffer)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    if size >= HEADER_BYTES and buffer[0] == PacketType.GENERATION:
-                        waiting.discard(level)
-        return {(level, plan.topology.switch_index(plan.server, level)) for level in waiting}
 
     def close(self) -> None:
         for link in self.links:

@@ -51,12 +51,10 @@ CONTROL_RTO_MIN_US = 20_000
 
 
 class SlowMesh(Protocol):
-    """What ``Mesh.establish`` asks when neighbours are slow to connect (``Engine``: whether
-    their levels' switches are dead, and if so the re-planned detours)."""
+    """What ``Mesh.establish`` asks while neighbours have not connected yet (``Engine``:
+    whether their levels' switches are dead, and if so the re-planned detours)."""
 
-    after: float
-
-    def missing(self, levels: set[int]) -> bool: ...
+    def poll(self, missing: set[int]) -> bool: ...
 
 
 class MeshError(RuntimeError):
@@ -303,11 +301,10 @@ class Mesh:
     def establish(self, timeout: float, slow: SlowMesh | None = None) -> None:
         """Connect to every neighbour not connected yet, within ``timeout`` (MeshError).
 
-        ``slow``: asked once when neighbours are still missing ``slow.after`` seconds in,
-        with their levels, while the listeners stay open (closing one would reset the
-        connections its queue holds, which their dialers already use); if it changed
-        ``detours`` (re-planned around a dead switch) it returns True and ``timeout`` runs
-        again from then."""
+        ``slow``: polled while neighbours are still missing, with their levels, and the
+        listeners stay open (closing one would reset the connections its queue holds, which
+        their dialers already use); if it changed ``detours`` (re-planned around a dead
+        switch) it returns True and ``timeout`` runs again from then."""
         topo, me = self.topology, self.server
         port = mesh_tcp_port(self.job)
         listeners = []
@@ -334,18 +331,15 @@ class Mesh:
         topo, me = self.topology, self.server
         to_dial = [(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim) if s > me]
         expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
-        pending: dict[socket.socket, int] = {}  # accepted, hello not yet read -> its NIC
+        # Accepted, not adopted yet -> (the NIC it came in on, its HELLO once read).
+        pending: dict[socket.socket, tuple[int, dict | None]] = {}
         deadline = time.monotonic() + timeout
-        ask_at = time.monotonic() + slow.after if slow is not None else float("inf")
         next_try = {key: 0.0 for key in to_dial}
         while set(self.peers) != expected:
+            if slow is not None and slow.poll({dim for dim, _s in expected - set(self.peers)}):
+                deadline = time.monotonic() + timeout
+                next_try = dict.fromkeys(to_dial, time.monotonic())
             now = time.monotonic()
-            if now >= ask_at:
-                ask_at = float("inf")
-                if slow.missing({dim for dim, _s in expected - set(self.peers)}):
-                    now = time.monotonic()
-                    deadline, ask_at = now + timeout, now + slow.after
-                    next_try = dict.fromkeys(to_dial, now)
             if now > deadline:
                 missing = sorted(expected - set(self.peers))
                 raise MeshError(
@@ -374,18 +368,25 @@ class Mesh:
                     except (BlockingIOError, InterruptedError):
                         break
                     sock.setblocking(False)
-                    pending[sock] = dim
-            for sock, via in list(pending.items()):
-                hello = self._read_hello(sock)
+                    pending[sock] = (dim, None)
+            for sock, (via, hello) in list(pending.items()):
                 if hello is None:
-                    continue
-                del pending[sock]
+                    hello = self._read_hello(sock)
+                    if hello is None:
+                        continue
                 dim = hello.get("dim", -1)
                 key = (dim, hello.get("server", -1))
-                if (hello.get("job") != self.job or key not in expected
-                        or self.detours.get(dim, dim) != via):
+                if hello.get("job") != self.job or key not in expected:
+                    del pending[sock]
                     sock.close()  # not one of this job's neighbours: refuse it
                     continue
+                if self.detours.get(dim, dim) != via:
+                    # Dialed over a detour this worker has not planned yet: the neighbour
+                    # found the switch silent first. Kept until this worker's plan agrees,
+                    # not refused: the dialer already counts the connection as made.
+                    pending[sock] = (via, hello)
+                    continue
+                del pending[sock]
                 self._adopt(sock, dim, key[1])
             time.sleep(0.005)
         for sock in pending:

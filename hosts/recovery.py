@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -90,13 +90,9 @@ QUIET_NIC_DEADLINE = 1.0
 # for 1.5-1.9 s, four questions unanswered (bcube:2,2 re-planning test, with a busy loop
 # beside: in 5 of its 21 runs).
 START_DEADLINE = 3.0
-# The least wait for a GENERATION answer when a worker connects (``Engine``): other workers
-# may still be draining a previous call's frames through the switch.
+# The least wait for a GENERATION answer at the mesh's start timeout (``Engine``): other
+# workers may still be draining a previous call's frames through the switch.
 CONNECT_QUESTION_WAIT = 1.5
-# A worker whose mesh still misses neighbours this long after it began asks their levels'
-# switches (waiting ``START_DEADLINE`` for an answer): a switch down before the call is
-# planned around from the start, not once the start timeout has passed.
-CONNECT_CHECK_AFTER = 2.0
 GENERATION_ASK_EVERY = 0.05  # s between GENERATION questions at a call's start: a lost one's cost
 # A worker that still misses blocks says so (a HERE) to a neighbour that said DONE and that
 # it has sent nothing else for this long: a neighbour that holds the whole sum and hears
@@ -257,6 +253,49 @@ def switch_down(nic: NicState, now: float, ask: Callable[[], None],
         nic.questions += 1
         ask()
     return False
+
+
+def question_wait(nics: list[NicState], levels: Iterable[int], least: float) -> float:
+    """How long the switches of ``levels`` get to answer a question: ``least``, or three
+    answer times of a NIC that knows them (a loaded switch answers late, not never)."""
+    return max([least, *(3 * nics[level].answer_time() for level in levels)])
+
+
+class SwitchQuestions:
+    """Whether some of a worker's switches are alive while no call runs (its mesh being
+    made): a GENERATION question to each at once, and again every quarter of ``wait``;
+    those that have not answered once ``wait`` has passed are silent. Asked at once, a
+    switch down before the processes start is planned around ``wait`` into their mesh.
+    Without I/O: the engine sends the questions on its NIC sockets and reads the answers
+    (``hosts.engine``), the simulator through its network (``simulation.workers``)."""
+
+    def __init__(self, levels: Iterable[int], now: float, wait: float) -> None:
+        self.waiting = set(levels)
+        self.started, self.wait = now, wait
+        self.rounds = 0
+
+    def due(self, now: float) -> list[int]:
+        """The levels to ask now (each round asks every one still silent)."""
+        if self.over(now) or now < self.next_due():
+            return []
+        self.rounds += 1
+        return sorted(self.waiting)
+
+    def next_due(self) -> float:
+        """When the next round is due (or the wait ends)."""
+        return min(self.started + self.rounds * self.wait / 4, self.started + self.wait)
+
+    def answered(self, level: int) -> None:
+        self.waiting.discard(level)
+
+    def over(self, now: float) -> bool:
+        """Every switch answered, or the wait has passed."""
+        return not self.waiting or now - self.started >= self.wait
+
+    @property
+    def silent(self) -> set[int]:
+        """The levels whose switch has not answered (down once ``over``)."""
+        return set(self.waiting)
 
 
 class ResendCounters(Protocol):

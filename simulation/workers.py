@@ -19,13 +19,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bml.protocol import job_udp_port
+from bml.protocol import HEADER_BYTES, PacketType, generation_question, job_udp_port
 from bml.schedule import connection_limit, mesh_is_control_only, stream_budgets
 from hosts.call import Call
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import CONTROL_RTO_MIN_US, abort_messages, decode_message
-from hosts.recovery import CONNECT_CHECK_AFTER, START_DEADLINE, NicState
+from hosts.recovery import (
+    CONNECT_QUESTION_WAIT,
+    START_DEADLINE,
+    NicState,
+    SwitchQuestions,
+    question_wait,
+)
 from hosts.stats import CallStats, Replan
 from simulation.network import MIN_RTO, Clock, Network
 
@@ -78,6 +84,7 @@ class SimWorker:
         self.replans: list[Replan] = []
         self.call_started = 0.0
         self.connect_deadline = 0.0
+        self.questions: SwitchQuestions | None = None  # to the switches, while connecting
         self.timer_at = float("inf")
         self.on_end: Callable[[SimWorker], None] | None = None
         self.aftermath: PartFailed | WorkerLost | None = None
@@ -122,9 +129,9 @@ class SimWorker:
             self.closed.clear()
         self.connect_deadline = self.clock.now + self.start_timeout
         self.clock.at(self.connect_deadline, self._connect_timeout, self.connect_deadline)
-        if self.start_timeout > CONNECT_CHECK_AFTER:
-            self.clock.at(self.clock.now + CONNECT_CHECK_AFTER, self._connect_check,
-                          self.connect_deadline)
+        self.questions = None
+        if not keep and self.start_timeout > START_DEADLINE:  # ``Engine._connect``'s check
+            self._ask(set(self.plan.live_levels()), START_DEADLINE, final=False)
         for home in self.wanted():
             other = self.world.workers[home]
             if other.state is State.CONNECTING and self.home in other.wanted() \
@@ -145,39 +152,58 @@ class SimWorker:
             self.state = State.CALLING
             self._start_call()
 
-    def _silent_levels(self) -> set[tuple[int, int]]:
-        """The groups of the switches, on levels with neighbours still missing, that a
-        question would get no answer from."""
-        missing = set(self.wanted()) - set(self.linked)
-        levels = {self.wanted()[home][0] for home in missing} & set(self.plan.live_levels())
-        return {(level, self.plan.topology.switch_index(self.plan.server, level))
-                for level in levels if not self.network.path_up([(self.home, level)])}
+    def _missing_levels(self) -> set[int]:
+        """The levels on which neighbours have not connected yet."""
+        wanted = self.wanted()
+        return {wanted[home][0] for home in set(wanted) - set(self.linked)}
 
-    def _connect_check(self, deadline: float) -> None:
-        """As ``Engine._connect``'s early question: neighbours still missing on a level whose
-        switch does not answer within ``START_DEADLINE`` are reached over its detour."""
-        if self.state is State.CONNECTING and self.connect_deadline == deadline \
-                and self._silent_levels():
-            self.clock.at(self.clock.now + START_DEADLINE, self._plan_around_silent, deadline)
+    def _ask(self, levels: set[int], least_wait: float, final: bool) -> None:
+        """A round of questions to the switches of ``levels``, through the network to their
+        pipelines (``hosts.recovery.SwitchQuestions``, as the engine asks them)."""
+        questions = SwitchQuestions(levels, self.clock.now,
+                                    question_wait(self.nics, levels, least_wait))
+        self.questions = questions
+        self._question_round(questions, self.connect_deadline, final)
+
+    def _question_round(self, questions: SwitchQuestions, deadline: float, final: bool) -> None:
+        if self.questions is not questions or self.state is not State.CONNECTING \
+                or self.connect_deadline != deadline:
+            return  # connected, or another round or mesh since
+        now = self.clock.now
+        plan = self.plan
+        me = plan.topology.digits(plan.server)
+        for level in questions.due(now):
+            self.network.send_frame(self.home, level, job_udp_port(plan.job),
+                                    generation_question(plan.probe_job(), me[level],
+                                                        self.network.wire))
+        if not questions.over(now):
+            self.clock.at(questions.next_due(), self._question_round, questions, deadline, final)
+            return
+        self.questions = None
+        if self._plan_around(questions.silent & self._missing_levels()):
+            if not final and self.state is State.CONNECTING:  # as the engine: a new round
+                self._ask(set(self.plan.live_levels()), START_DEADLINE, final=False)
+            return
+        if final:
+            missing = sorted(set(self.wanted()) - set(self.linked))
+            self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
+                      f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
+                      "are all the job's workers running?")
 
     def _connect_timeout(self, deadline: float) -> None:
-        """As ``Engine._connect`` at the start timeout: neighbours missing on a level whose
-        switch does not answer either are reached over its detour; else the push fails."""
+        """As ``Engine._connect`` at the start timeout: the switches of the levels still
+        missing neighbours are asked; a silent one is planned around, else the push fails."""
         if self.state is not State.CONNECTING or self.connect_deadline != deadline:
             return
-        if self._plan_around_silent(deadline):
-            return
-        missing = sorted(set(self.wanted()) - set(self.linked))
-        self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
-                  f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
-                  "are all the job's workers running?")
+        self._ask(self._missing_levels() & set(self.plan.live_levels()),
+                  CONNECT_QUESTION_WAIT, final=True)
 
-    def _plan_around_silent(self, deadline: float) -> bool:
-        """Re-plan around the silent switches of the levels still missing neighbours, and
-        connect over their detours; False if there are none (or the mesh moved on)."""
-        if self.state is not State.CONNECTING or self.connect_deadline != deadline:
-            return False
-        silent = self._silent_levels()
+    def _plan_around(self, silent_levels: set[int]) -> bool:
+        """As ``Engine.replan_around``: re-plan around the switches of ``silent_levels`` and
+        connect over their detours; False if there are none."""
+        plan = self.plan
+        silent = {(level, plan.topology.switch_index(plan.server, level))
+                  for level in silent_levels & set(plan.live_levels())}
         if not silent:
             return False
         cause = (f"job {self.plan.job} server {self.home}: a switch did not answer while "
@@ -259,6 +285,9 @@ class SimWorker:
         if self.state is State.CALLING and self.call is not None:
             self.call.on_frame(self.clock.now, level, payload)
             self._pump()
+        elif (self.state is State.CONNECTING and self.questions is not None
+              and len(payload) >= HEADER_BYTES and payload[0] == PacketType.GENERATION):
+            self.questions.answered(level)
 
     # --- calls ---------------------------------------------------------------------------
     def push(self, flat: np.ndarray) -> None:

@@ -158,10 +158,10 @@ def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, t
 def test_bcube_switch_down_before_the_push_is_planned_around_before_the_start_timeout(
         tmp_path):
     """bcube:2,2 in-network, s1_0 (servers 0 and 2) down before any worker starts: those two
-    cannot connect on level 1, ask the switch 2 s into their mesh, find it silent and connect
-    over the detour, long before their 30 s start timeout; the others take the broken group
-    over in the exponent exchange. Every sum is right, and after the restore the next push
-    uses the switch again."""
+    cannot connect on level 1, asked the switch as their mesh began, find it silent 3 s
+    later and connect over the detour, long before their 30 s start timeout; the others take
+    the broken group over in the exponent exchange. Every sum is right, and after the
+    restore the next push uses the switch again."""
     with emulation("tdb", "bcube:2,2") as state:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "in-network")
         net.fail_switch(state, "s1_0")
@@ -176,6 +176,7 @@ def test_bcube_switch_down_before_the_push_is_planned_around_before_the_start_ti
             assert "switch(es) s1_0 did not answer while the mesh was made" in said, said
         assert took < 30, f"the pushes took {took:.1f} s: the switch was found at the start " \
             "timeout, not while the mesh was made"
+        print(f"\npushes around a switch down before their start: {took:.1f} s")
         net.restore_switch(state, "s1_0")
         wait_until_provisioned(state, JOB, servers=4)
         used_again(state, tmp_path, 4, 36)
