@@ -1,9 +1,11 @@
-"""The worker's TCP mesh on loopback: paced messages keep going out while a call waits."""
+"""The worker's TCP mesh on loopback: paced messages keep going out while a call waits; a
+neighbour that dials over a detour first is kept until this worker plans it too."""
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import zlib
 
@@ -19,6 +21,7 @@ from hosts.mesh import (
     MESSAGE,
     Kind,
     Mesh,
+    MeshError,
     Peer,
     abort_reason,
     decode_message,
@@ -137,3 +140,55 @@ def test_an_abort_goes_out_with_a_here_behind_it():
         assert decode_message(data[first:])[:2] == (Kind.HERE, 7)
         near.close()
         far.close()
+
+
+class _PlansLate:
+    """A ``SlowMesh`` that re-plans level 1 over level 0 ``after`` seconds in (its switch
+    found silent later than the neighbour found it)."""
+
+    def __init__(self, mesh: Mesh, after: float) -> None:
+        self.mesh, self.at = mesh, time.monotonic() + after
+
+    def poll(self, missing: set[int]) -> bool:
+        if self.at is None or time.monotonic() < self.at:
+            return False
+        self.at = None
+        self.mesh.detours = {1: 0}
+        return True
+
+
+def test_a_neighbour_dialling_over_a_detour_not_planned_here_yet_is_kept_until_it_is():
+    """bcube:2,2, servers 0 and 2's level-1 switch silent. Server 0 found it first and dials
+    server 2 over level 0 at once; server 2 plans that detour half a second later. The
+    connection waits for it (refused, server 0 would count it made while server 2 waited
+    out its start timeout), and a message goes through it."""
+    topology = Topology.parse("bcube:2,2")
+    addresses = [(f"127.0.{40 + s}.1", f"127.0.{40 + s}.2") for s in range(4)]
+    meshes = [Mesh(77, s, topology, 5.0, {1: 0} if s == 0 else None, addresses,
+                   connect=False) for s in range(4)]
+    errors: dict[int, MeshError] = {}
+
+    def establish(server: int) -> None:
+        late = _PlansLate(meshes[server], 0.5) if server == 2 else None
+        try:
+            meshes[server].establish(5.0, late)
+        except MeshError as exc:
+            errors[server] = exc
+
+    threads = [threading.Thread(target=establish, args=(s,)) for s in range(4)]
+    started = time.monotonic()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert not errors, errors
+        assert time.monotonic() - started < 3.0  # once server 2 planned it, not at a timeout
+        meshes[0].peers[(1, 2)].send(Kind.HERE)
+        meshes[0].peers[(1, 2)].flush()
+        far = meshes[2].peers[(1, 0)].sock
+        far.setblocking(True)
+        assert decode_message(read_message(far, time.monotonic() + 2.0))[0] == Kind.HERE
+    finally:
+        for mesh in meshes:
+            mesh.close(linger=0.0)

@@ -1,5 +1,6 @@
 """The switch watch (``hosts.recovery.switch_down``), without I/O: when a silent switch is
-taken for dead, and how patient it is while a NIC's first windows queue."""
+taken for dead, and how patient it is while a NIC's first windows queue; and the questions
+asked while the mesh is made (``SwitchQuestions``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hosts.recovery import (
     START_DEADLINE,
     SWITCH_SILENCE,
     NicState,
+    SwitchQuestions,
     switch_down,
     watch_bounds,
 )
@@ -56,3 +58,19 @@ def test_a_fresh_nic_is_patient_until_its_first_window_is_answered_not_its_first
     assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, FIRST_ANSWER_DEADLINE)
     answered(nic, 1)
     assert watch_bounds(nic, awaiting=True) == (SWITCH_SILENCE, 0.5)
+
+
+def test_the_switches_are_asked_at_once_and_a_silent_one_is_named_once_the_wait_is_over():
+    """As a worker's mesh begins: every switch asked at once, the silent ones again every
+    quarter of the wait; those still silent when it ends are down."""
+    questions = SwitchQuestions({0, 1}, 10.0, START_DEADLINE)
+    assert questions.due(10.0) == [0, 1]
+    assert questions.due(10.1) == []  # not again before a quarter of the wait
+    questions.answered(0)
+    assert questions.due(10.0 + START_DEADLINE / 4) == [1]
+    assert not questions.over(10.0 + START_DEADLINE - 0.01)
+    assert questions.over(10.0 + START_DEADLINE) and questions.silent == {1}
+    everyone = SwitchQuestions({0, 1}, 0.0, START_DEADLINE)
+    everyone.answered(0)
+    everyone.answered(1)
+    assert everyone.over(0.1) and not everyone.silent  # no need to wait the rest out
