@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
+DIAL_WAIT = 1.0  # s a dial waits for the other end before it starts again
 # The least TCP retransmission timeout (socket option TCP_RTO_MIN_US, Linux >= 6.15) of a mesh
 # that carries only control messages at a call's start and end over idle links
 # (``bml.schedule.mesh_is_control_only``). Linux's 200 ms is sized for wide areas: between
@@ -333,64 +334,103 @@ class Mesh:
         expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
         # Accepted, not adopted yet -> (the NIC it came in on, its HELLO once read).
         pending: dict[socket.socket, tuple[int, dict | None]] = {}
+        # Dials under way (non-blocking: a dial over a dead path must not hold the loop,
+        # whose ``slow`` decides when to go around it) -> (socket, NIC, since).
+        dialing: dict[tuple[int, int], tuple[socket.socket, int, float]] = {}
         deadline = time.monotonic() + timeout
         next_try = {key: 0.0 for key in to_dial}
-        while set(self.peers) != expected:
-            if slow is not None and slow.poll({dim for dim, _s in expected - set(self.peers)}):
-                deadline = time.monotonic() + timeout
-                next_try = dict.fromkeys(to_dial, time.monotonic())
-            now = time.monotonic()
-            if now > deadline:
-                missing = sorted(expected - set(self.peers))
-                raise MeshError(
-                    f"job {self.job} server {me}: no connection within {timeout:g} s to "
-                    + ", ".join(f"server {s} (level {d})" for d, s in missing)
-                    + ": are all the job's workers running?")
-            for key in [k for k in to_dial if k not in self.peers and next_try[k] <= now]:
-                dim, other = key
-                via = self.detours.get(dim, dim)
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind((self.addresses[me][via], 0))
-                sock.settimeout(max(0.05, min(1.0, deadline - now)))
-                try:
-                    sock.connect((self.addresses[other][via], port))
-                except OSError:
-                    sock.close()
-                    next_try[key] = now + 0.05
-                    continue
+        try:
+            while set(self.peers) != expected:
+                if slow is not None and slow.poll({dim for dim, _s in
+                                                   expected - set(self.peers)}):
+                    deadline = time.monotonic() + timeout
+                    next_try = dict.fromkeys(to_dial, time.monotonic())
+                now = time.monotonic()
+                if now > deadline:
+                    missing = sorted(expected - set(self.peers))
+                    raise MeshError(
+                        f"job {self.job} server {me}: no connection within {timeout:g} s to "
+                        + ", ".join(f"server {s} (level {d})" for d, s in missing)
+                        + ": are all the job's workers running?")
+                for key in to_dial:
+                    if key not in self.peers and key not in dialing and next_try[key] <= now:
+                        self._dial(key, port, now, dialing, next_try)
+                self._dialled(dialing, next_try, now)
+                for dim, listener in enumerate(listeners):
+                    while True:
+                        try:
+                            sock, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        sock.setblocking(False)
+                        pending[sock] = (dim, None)
+                for sock, (via, hello) in list(pending.items()):
+                    if hello is None:
+                        hello = self._read_hello(sock)
+                        if hello is None:
+                            continue
+                    dim = hello.get("dim", -1)
+                    key = (dim, hello.get("server", -1))
+                    if hello.get("job") != self.job or key not in expected:
+                        del pending[sock]
+                        sock.close()  # not one of this job's neighbours: refuse it
+                        continue
+                    if self.detours.get(dim, dim) != via:
+                        # Dialed over a detour this worker has not planned yet: the neighbour
+                        # found the switch silent first. Kept until this worker's plan
+                        # agrees, not refused: the dialer already counts the connection made.
+                        pending[sock] = (via, hello)
+                        continue
+                    del pending[sock]
+                    self._adopt(sock, dim, key[1])
+                time.sleep(0.005)
+        finally:
+            for sock in pending:
+                sock.close()
+            for sock, _via, _since in dialing.values():
+                sock.close()
+
+    def _dial(self, key: tuple[int, int], port: int, now: float,
+              dialing: dict[tuple[int, int], tuple[socket.socket, int, float]],
+              next_try: dict[tuple[int, int], float]) -> None:
+        """Start a non-blocking connect to neighbour ``key`` over its level's NIC (or the
+        detour's)."""
+        dim, other = key
+        via = self.detours.get(dim, dim)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.bind((self.addresses[self.server][via], 0))
+            err = sock.connect_ex((self.addresses[other][via], port))
+        except OSError:
+            err = errno.EADDRNOTAVAIL
+        if err in (0, errno.EINPROGRESS):
+            dialing[key] = (sock, via, now)
+        else:
+            sock.close()
+            next_try[key] = now + 0.05
+
+    def _dialled(self, dialing: dict[tuple[int, int], tuple[socket.socket, int, float]],
+                 next_try: dict[tuple[int, int], float], now: float) -> None:
+        """Adopt the dials that connected (a HELLO first); close those that failed, waited
+        ``DIAL_WAIT``, or go over a NIC the plan no longer uses, to be tried again."""
+        if not dialing:
+            return
+        _r, ready, _x = select.select([], [sock for sock, _via, _since in dialing.values()],
+                                      [], 0)
+        done = set(ready)
+        for key, (sock, via, since) in list(dialing.items()):
+            dim, other = key
+            if sock in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) \
+                    and via == self.detours.get(dim, dim):
+                del dialing[key]
                 self._adopt(sock, dim, other)
                 self.peers[key].send(Kind.HELLO, payload=json.dumps(
-                    {"job": self.job, "server": me, "dim": dim}).encode())
-            for dim, listener in enumerate(listeners):
-                while True:
-                    try:
-                        sock, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    sock.setblocking(False)
-                    pending[sock] = (dim, None)
-            for sock, (via, hello) in list(pending.items()):
-                if hello is None:
-                    hello = self._read_hello(sock)
-                    if hello is None:
-                        continue
-                dim = hello.get("dim", -1)
-                key = (dim, hello.get("server", -1))
-                if hello.get("job") != self.job or key not in expected:
-                    del pending[sock]
-                    sock.close()  # not one of this job's neighbours: refuse it
-                    continue
-                if self.detours.get(dim, dim) != via:
-                    # Dialed over a detour this worker has not planned yet: the neighbour
-                    # found the switch silent first. Kept until this worker's plan agrees,
-                    # not refused: the dialer already counts the connection as made.
-                    pending[sock] = (via, hello)
-                    continue
-                del pending[sock]
-                self._adopt(sock, dim, key[1])
-            time.sleep(0.005)
-        for sock in pending:
-            sock.close()
+                    {"job": self.job, "server": self.server, "dim": dim}).encode())
+            elif sock in done or now - since > DIAL_WAIT or via != self.detours.get(dim, dim):
+                del dialing[key]
+                sock.close()
+                next_try[key] = now + (0.05 if sock in done else 0.0)
 
     def _adopt(self, sock: socket.socket, dim: int, other: int) -> None:
         sock.setblocking(False)
