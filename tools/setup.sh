@@ -17,8 +17,11 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "setup: apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Another apt-get at the same moment (an unattended upgrade, a toolchain build) holds the
+  # dpkg lock: wait for it rather than fail.
+  wait_lock=(-o DPkg::Lock::Timeout=600)
+  apt-get "${wait_lock[@]}" update -qq
+  apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}
