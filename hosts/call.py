@@ -93,6 +93,7 @@ from hosts.recovery import (
     NicState,
     SlotWindow,
     detection_time,
+    question_wait,
     resend_overdue,
     scan_interval,
     switch_down,
@@ -486,8 +487,7 @@ class Call:
         exchange's watch, ``START_DEADLINE``, or three answer times), not the start timeout."""
         if not self._others_answered():
             return False
-        wait = max([START_DEADLINE, *(3 * self.nics[level].answer_time()
-                                      for level, _job in self.asking)])
+        wait = question_wait(self.nics, {level for level, _job in self.asking}, START_DEADLINE)
         return now - self.started >= min(wait, self.start_timeout)
 
     def _generation_timed_out(self) -> None:
