@@ -11,7 +11,6 @@ elastic job), reconnecting the mesh over detours when that changes.
 
 from __future__ import annotations
 
-import select
 import time
 from collections.abc import Callable
 
@@ -27,17 +26,12 @@ from bml.schedule import (
 from bml.topology import Topology
 from hosts.buffers import CallBuffers
 from hosts.call import Call
+from hosts.connector import MeshSwitchCheck
 from hosts.errors import TransportError
 from hosts.loop import NicSocket, drive
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
 from hosts.mesh import Mesh, MeshError
-from hosts.recovery import (
-    CONNECT_QUESTION_WAIT,
-    START_DEADLINE,
-    NicState,
-    SwitchQuestions,
-    question_wait,
-)
+from hosts.recovery import START_DEADLINE, NicState
 from hosts.stats import CallStats, Replan
 
 __all__ = ["CallStats", "Engine", "Replan"]
@@ -45,32 +39,36 @@ __all__ = ["CallStats", "Engine", "Replan"]
 
 class _SwitchCheck:
     """The mesh's question while neighbours have not connected yet: are their levels'
-    switches dead? Asked at once, so a switch down before the processes start is planned
-    around ``START_DEADLINE`` into the mesh (every worker process starting at once loads the
-    switches too), not at the start timeout. Polled by ``Mesh.establish``; never blocks."""
+    switches dead? (``MeshSwitchCheck`` decides; this asks on the NIC sockets and re-plans.)
+    Polled by ``Mesh.establish``; never blocks."""
 
     def __init__(self, engine: Engine, mesh: Mesh) -> None:
         self.engine, self.mesh = engine, mesh
-        self.questions: SwitchQuestions | None = engine.questions(
-            set(engine.plan.live_levels()), START_DEADLINE)
+        self.check = MeshSwitchCheck(set(engine.plan.live_levels()), engine.nic_states,
+                                     time.monotonic(), engine.start_timeout > START_DEADLINE)
 
-    def poll(self, missing: set[int]) -> bool:
-        """Ask what is due and read the answers; once the wait is over, re-plan around the
-        silent switches of levels still ``missing`` neighbours (True: the mesh's detours
-        changed, and a new round asks the switches left)."""
-        questions = self.questions
-        if questions is None:
-            return False
+    @property
+    def asking(self) -> bool:
+        return self.check.asking
+
+    def poll(self, missing: set[int], expired: bool) -> bool:
+        """Ask what is due and read the answers; re-plan around the silent switches of
+        levels still ``missing`` neighbours once their round is over (True: the mesh's
+        detours changed)."""
         now = time.monotonic()
-        self.engine.ask(questions, now)
-        if not questions.over(now):
+        silent = self.check.poll(now, missing & set(self.engine.plan.live_levels()), expired)
+        self.engine.ask(self.check, now)
+        if not self.engine.replan_around(self.mesh, silent):
             return False
-        self.questions = None
-        if not self.engine.replan_around(self.mesh, questions.silent & missing):
-            return False
-        self.questions = self.engine.questions(set(self.engine.plan.live_levels()),
-                                               START_DEADLINE)
+        self.check.replanned(set(self.engine.plan.live_levels()), now)
         return True
+
+    def went_around(self, level: int, server: int) -> bool:
+        """Neighbour ``server`` goes around this worker's ``level`` switch (it found it
+        silent, or its own link to it down): re-plan around it too."""
+        home = self.engine.plan.home_of(server)
+        return self.engine.replan_around(
+            self.mesh, {level}, f"gone around by server {home}: it, or a link to it, is down")
 
 
 class Engine:
@@ -132,40 +130,28 @@ class Engine:
         """The mesh to the neighbours, over detours on the levels the schedule has broken.
 
         Neighbours that cannot be reached on a level whose switch does not answer either
-        (it was down before the call started) are reached over that level's detour: the
+        (down before the call started) are reached over that level's detour: the
         membership is re-planned around the switch, and the connections made stay. The
-        switches are asked as the mesh starts (``_SwitchCheck``), and again at the start
-        timeout."""
+        switches are asked as the mesh starts, and again at the start timeout
+        (``_SwitchCheck``)."""
         plan = self.plan
         self.calls = 0
         mesh = Mesh(plan.job, plan.server, plan.topology, self.start_timeout, plan.detours(),
                     plan.addresses(), stream_budgets(plan.schedule, plan.server),
                     mesh_is_control_only(plan.schedule, plan.server), connect=False)
-        early = _SwitchCheck(self, mesh) if self.start_timeout > START_DEADLINE else None
         try:
-            while True:
-                try:
-                    mesh.establish(self.start_timeout, early)
-                    return mesh
-                except MeshError as exc:
-                    levels = {dim for dim, _server in mesh.missing()}
-                    if not self.plan_around_silent(mesh, levels, CONNECT_QUESTION_WAIT):
-                        raise TransportError(str(exc)) from None
-        except TransportError:
+            mesh.establish(self.start_timeout, _SwitchCheck(self, mesh))
+        except (MeshError, TransportError) as exc:
             mesh.close(linger=0.0)
-            raise
+            raise TransportError(str(exc)) from None
+        return mesh
 
-    def questions(self, levels: set[int], least_wait: float) -> SwitchQuestions:
-        """A round of questions to the switches of ``levels`` (``SwitchQuestions``)."""
-        return SwitchQuestions(levels, time.monotonic(),
-                               question_wait(self.nic_states, levels, least_wait))
-
-    def ask(self, questions: SwitchQuestions, now: float) -> None:
+    def ask(self, check: MeshSwitchCheck, now: float) -> None:
         """Send the questions due, and take the answers waiting on the NICs' sockets (no
         call runs: anything else there is a late frame of an earlier one)."""
         plan = self.plan
         me = plan.topology.digits(plan.server)
-        for level in questions.due(now):
+        for level in check.due(now):
             self.links[level].send(generation_question(plan.probe_job(), me[level], self.wire))
         buffer = bytearray(MTU)
         for level, link in enumerate(self.links):
@@ -176,20 +162,11 @@ class Engine:
                 except (BlockingIOError, InterruptedError):
                     break
                 if size >= HEADER_BYTES and buffer[0] == PacketType.GENERATION:
-                    questions.answered(level)
+                    check.answered(level)
 
-    def plan_around_silent(self, mesh: Mesh, levels: set[int], least_wait: float) -> bool:
-        """Re-plan around those of the switches of ``levels`` that answer no question within
-        max(``least_wait``, 3 answer times) (the mesh then dials over their detours); False
-        if every one answers. TransportError if there is no plan around them."""
-        questions = self.questions(levels & set(self.plan.live_levels()), least_wait)
-        while not questions.over(time.monotonic()):
-            self.ask(questions, time.monotonic())
-            select.select([self.links[level].sock for level in questions.waiting], [], [],
-                          0.05)
-        return self.replan_around(mesh, questions.silent)
-
-    def replan_around(self, mesh: Mesh, silent_levels: set[int]) -> bool:
+    def replan_around(self, mesh: Mesh, silent_levels: set[int],
+                      why: str = "did not answer while the mesh was made: down or cut off"
+                      ) -> bool:
         """Re-plan around this worker's switches of ``silent_levels`` (False if none): the
         mesh then dials over their detours. TransportError if there is no plan around
         them."""
@@ -199,8 +176,7 @@ class Engine:
         if not silent:
             return False
         names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(silent))
-        cause = (f"job {plan.job} server {plan.home}: switch(es) {names} did not "
-                 "answer while the mesh was made: down or cut off")
+        cause = f"job {plan.job} server {plan.home}: switch(es) {names} {why}"
         plan = self.plan = plan.replanned(PartFailed(cause, silent))
         self.connect_replans.append(Replan(cause, plan.schedule.describe(), time.monotonic()))
         mesh.detours = plan.detours()

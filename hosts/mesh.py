@@ -30,6 +30,7 @@ from bml.protocol import mesh_tcp_port
 from bml.schedule import connection_limit
 from bml.sockets import QUEUE_BUDGET, StreamInbox, StreamOutbox, unacked_bytes
 from bml.topology import Topology
+from hosts.connector import MeshConnector, Verdict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 MESSAGE = struct.Struct("!BBBBIII")
 RECV_CHUNK = 1 << 18
-DIAL_WAIT = 1.0  # s a dial waits for the other end before it starts again
 # The least TCP retransmission timeout (socket option TCP_RTO_MIN_US, Linux >= 6.15) of a mesh
 # that carries only control messages at a call's start and end over idle links
 # (``bml.schedule.mesh_is_control_only``). Linux's 200 ms is sized for wide areas: between
@@ -55,7 +55,20 @@ class SlowMesh(Protocol):
     """What ``Mesh.establish`` asks while neighbours have not connected yet (``Engine``:
     whether their levels' switches are dead, and if so the re-planned detours)."""
 
-    def poll(self, missing: set[int]) -> bool: ...
+    def poll(self, missing: set[int], expired: bool) -> bool:
+        """``missing``: the levels still missing neighbours; ``expired``: the wait is over.
+        True: ``Mesh.detours`` changed (re-planned), and the wait starts again."""
+        ...
+
+    def went_around(self, level: int, server: int) -> bool:
+        """Neighbour ``server``'s plan goes around ``level``'s switch: re-plan around it too
+        (True: ``Mesh.detours`` changed)."""
+        ...
+
+    @property
+    def asking(self) -> bool:
+        """Still finding out: the mesh does not fail yet."""
+        ...
 
 
 class MeshError(RuntimeError):
@@ -305,7 +318,9 @@ class Mesh:
         ``slow``: polled while neighbours are still missing, with their levels, and the
         listeners stay open (closing one would reset the connections its queue holds, which
         their dialers already use); if it changed ``detours`` (re-planned around a dead
-        switch) it returns True and ``timeout`` runs again from then."""
+        switch) it returns True and ``timeout`` runs again from then; once ``timeout`` has
+        passed the mesh fails when ``slow`` is no longer ``asking``. What to dial, when, and
+        what to keep is ``hosts.connector.MeshConnector``'s."""
         topo, me = self.topology, self.server
         port = mesh_tcp_port(self.job)
         listeners = []
@@ -329,74 +344,55 @@ class Mesh:
 
     def _establish(self, listeners: list[socket.socket], port: int, timeout: float,
                    slow: SlowMesh | None) -> None:
-        topo, me = self.topology, self.server
-        to_dial = [(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim) if s > me]
-        expected = {(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
-        # Accepted, not adopted yet -> (the NIC it came in on, its HELLO once read).
+        """Do on sockets what ``MeshConnector`` decides: dial, greet, accept, adopt."""
+        connector = MeshConnector(self.job, self.server, self.topology, self.detours, timeout,
+                                  time.monotonic(), self.peers)
+        # Accepted, not judged yet -> (the NIC it came in on, its HELLO once read).
         pending: dict[socket.socket, tuple[int, dict | None]] = {}
-        # Dials under way (non-blocking: a dial over a dead path must not hold the loop,
-        # whose ``slow`` decides when to go around it) -> (socket, NIC, since).
-        dialing: dict[tuple[int, int], tuple[socket.socket, int, float]] = {}
-        deadline = time.monotonic() + timeout
-        next_try = {key: 0.0 for key in to_dial}
+        dialing: dict[tuple[int, int], socket.socket] = {}  # connecting, or greeting
         try:
-            while set(self.peers) != expected:
-                if slow is not None and slow.poll({dim for dim, _s in
-                                                   expected - set(self.peers)}):
-                    deadline = time.monotonic() + timeout
-                    next_try = dict.fromkeys(to_dial, time.monotonic())
+            while not connector.done:
                 now = time.monotonic()
-                if now > deadline:
-                    missing = sorted(expected - set(self.peers))
-                    raise MeshError(
-                        f"job {self.job} server {me}: no connection within {timeout:g} s to "
-                        + ", ".join(f"server {s} (level {d})" for d, s in missing)
-                        + ": are all the job's workers running?")
-                for key in to_dial:
-                    if key not in self.peers and key not in dialing and next_try[key] <= now:
-                        self._dial(key, port, now, dialing, next_try)
-                self._dialled(dialing, next_try, now)
-                for dim, listener in enumerate(listeners):
+                expired = connector.expired(now)
+                if slow is not None and slow.poll(connector.missing_levels(), expired):
+                    connector.replanned(self.detours, now)
+                elif expired and (slow is None or not slow.asking):
+                    raise MeshError(connector.error())
+                for key in connector.stale_dials(now):
+                    dialing.pop(key).close()
+                for key, via in connector.dials(now):
+                    sock = self._dial(key[1], via, port)
+                    if sock is None:
+                        connector.dial_failed(key, now)
+                    else:
+                        dialing[key] = sock
+                self._dialled(connector, dialing, slow, now)
+                for via, listener in enumerate(listeners):
                     while True:
                         try:
                             sock, _ = listener.accept()
                         except (BlockingIOError, InterruptedError):
                             break
                         sock.setblocking(False)
-                        pending[sock] = (dim, None)
-                for sock, (via, hello) in list(pending.items()):
-                    if hello is None:
-                        hello = self._read_hello(sock)
-                        if hello is None:
-                            continue
-                    dim = hello.get("dim", -1)
-                    key = (dim, hello.get("server", -1))
-                    if hello.get("job") != self.job or key not in expected:
-                        del pending[sock]
-                        sock.close()  # not one of this job's neighbours: refuse it
-                        continue
-                    if self.detours.get(dim, dim) != via:
-                        # Dialed over a detour this worker has not planned yet: the neighbour
-                        # found the switch silent first. Kept until this worker's plan
-                        # agrees, not refused: the dialer already counts the connection made.
-                        pending[sock] = (via, hello)
-                        continue
-                    del pending[sock]
-                    self._adopt(sock, dim, key[1])
+                        pending[sock] = (via, None)
+                self._greet(connector, pending, slow)
                 time.sleep(0.005)
         finally:
-            for sock in pending:
-                sock.close()
-            for sock, _via, _since in dialing.values():
+            for sock in [*pending, *dialing.values()]:
                 sock.close()
 
-    def _dial(self, key: tuple[int, int], port: int, now: float,
-              dialing: dict[tuple[int, int], tuple[socket.socket, int, float]],
-              next_try: dict[tuple[int, int], float]) -> None:
-        """Start a non-blocking connect to neighbour ``key`` over its level's NIC (or the
-        detour's)."""
-        dim, other = key
-        via = self.detours.get(dim, dim)
+    def _went_around(self, connector: MeshConnector, slow: SlowMesh | None, level: int,
+                     other: int) -> bool:
+        """The other end's plan goes around ``level``'s switch: this worker's too, if it can
+        re-plan (``slow``)."""
+        if slow is None or not slow.went_around(level, other):
+            return False
+        connector.replanned(self.detours, time.monotonic())
+        return True
+
+    def _dial(self, other: int, via: int, port: int) -> socket.socket | None:
+        """A non-blocking connect to server ``other`` over NIC level ``via`` (None: it
+        could not start, e.g. the address is gone)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
@@ -405,32 +401,66 @@ class Mesh:
         except OSError:
             err = errno.EADDRNOTAVAIL
         if err in (0, errno.EINPROGRESS):
-            dialing[key] = (sock, via, now)
-        else:
-            sock.close()
-            next_try[key] = now + 0.05
+            return sock
+        sock.close()
+        return None
 
-    def _dialled(self, dialing: dict[tuple[int, int], tuple[socket.socket, int, float]],
-                 next_try: dict[tuple[int, int], float], now: float) -> None:
-        """Adopt the dials that connected (a HELLO first); close those that failed, waited
-        ``DIAL_WAIT``, or go over a NIC the plan no longer uses, to be tried again."""
+    def _dialled(self, connector: MeshConnector, dialing: dict[tuple[int, int], socket.socket],
+                 slow: SlowMesh | None, now: float) -> None:
+        """The dialler's side: a HELLO on each dial that connected, and the acceptor's
+        answer read; adopt what it kept, close the rest."""
         if not dialing:
             return
-        _r, ready, _x = select.select([], [sock for sock, _via, _since in dialing.values()],
-                                      [], 0)
-        done = set(ready)
-        for key, (sock, via, since) in list(dialing.items()):
-            dim, other = key
-            if sock in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) \
-                    and via == self.detours.get(dim, dim):
+        _r, ready, _x = select.select(
+            [], [sock for key, sock in dialing.items() if not connector.greeting(key)], [], 0)
+        for key, sock in list(dialing.items()):
+            if connector.greeting(key):
+                answer = self._read_hello(sock)
+                if answer is None:
+                    continue  # not in yet
+                verdict = connector.answered(key, answer, now)
+                if verdict is Verdict.DETOUR:
+                    if self._went_around(connector, slow, *key):
+                        verdict = connector.answered(key, answer, now)
+                    else:
+                        connector.dial_failed(key, now)
                 del dialing[key]
-                self._adopt(sock, dim, other)
-                self.peers[key].send(Kind.HELLO, payload=json.dumps(
-                    {"job": self.job, "server": self.server, "dim": dim}).encode())
-            elif sock in done or now - since > DIAL_WAIT or via != self.detours.get(dim, dim):
+                if verdict is Verdict.ADOPT:
+                    self._adopt(sock, *key)
+                else:
+                    sock.close()
+            elif sock in ready:
+                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) \
+                        and connector.dial_connected(key, now) \
+                        and _say_hello(sock, connector.hello(key)):
+                    continue
+                connector.dial_failed(key, now)
                 del dialing[key]
                 sock.close()
-                next_try[key] = now + (0.05 if sock in done else 0.0)
+
+    def _greet(self, connector: MeshConnector,
+               pending: dict[socket.socket, tuple[int, dict | None]],
+               slow: SlowMesh | None) -> None:
+        """The acceptor's side: read each accepted connection's HELLO, answer it, and adopt
+        what the connector keeps."""
+        for sock, (via, hello) in list(pending.items()):
+            if hello is None:
+                hello = self._read_hello(sock)
+                if hello is None:
+                    continue  # not in yet
+            verdict, (dim, other), answer = connector.accepted(hello, via)
+            if verdict is Verdict.DETOUR:
+                if self._went_around(connector, slow, dim, other):
+                    verdict, _key, answer = connector.accepted(hello, via)
+                else:
+                    verdict, answer = Verdict.REFUSE, None
+            del pending[sock]
+            if answer is not None:
+                _say_hello(sock, answer)
+            if verdict is Verdict.ADOPT:
+                self._adopt(sock, dim, other)
+            else:
+                sock.close()
 
     def _adopt(self, sock: socket.socket, dim: int, other: int) -> None:
         sock.setblocking(False)
@@ -468,10 +498,31 @@ class Mesh:
         if len(data) < MESSAGE.size + size:
             return None
         sock.recv(MESSAGE.size + size)
-        try:
-            return json.loads(data[MESSAGE.size:])
-        except ValueError:
-            return {}
+        return hello_of(data)
+
+
+def hello_message(greeting: dict) -> bytes:
+    """A greeting (``MeshConnector.hello``, or an acceptor's answer) as a HELLO message."""
+    return encode_message(Kind.HELLO, payload=json.dumps(greeting).encode())
+
+
+def _say_hello(sock: socket.socket, greeting: dict) -> bool:
+    """Send a greeting on a fresh connection (it fits the empty send buffer); False if the
+    connection is gone."""
+    try:
+        return sock.send(hello_message(greeting)) > 0
+    except OSError:
+        return False
+
+
+def hello_of(message: bytes | memoryview) -> dict:
+    """The HELLO ``message`` holds (empty: it is no valid HELLO)."""
+    try:
+        kind, *_rest, payload = decode_message(message)
+        hello = json.loads(bytes(payload)) if kind == Kind.HELLO else {}
+    except (ValueError, struct.error):
+        return {}
+    return hello if isinstance(hello, dict) else {}
 
 
 def queue_full(exc: OSError) -> bool:

@@ -290,7 +290,7 @@ class SwitchQuestions:
 
     def over(self, now: float) -> bool:
         """Every switch answered, or the wait has passed."""
-        return not self.waiting or now - self.started >= self.wait
+        return not self.waiting or now >= self.started + self.wait  # as next_due has it
 
     @property
     def silent(self) -> set[int]:

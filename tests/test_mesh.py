@@ -1,5 +1,5 @@
-"""The worker's TCP mesh on loopback: paced messages keep going out while a call waits; a
-neighbour that dials over a detour first is kept until this worker plans it too."""
+"""The worker's TCP mesh on loopback: paced messages keep going out while a call waits; the
+greeting makes two neighbours' detours agree, whichever end planned one first."""
 
 from __future__ import annotations
 
@@ -142,53 +142,86 @@ def test_an_abort_goes_out_with_a_here_behind_it():
         far.close()
 
 
-class _PlansLate:
-    """A ``SlowMesh`` that re-plans level 1 over level 0 ``after`` seconds in (its switch
-    found silent later than the neighbour found it)."""
+class _FollowsDetours:
+    """A ``SlowMesh`` whose worker plans a detour a neighbour's greeting asks it to."""
 
-    def __init__(self, mesh: Mesh, after: float) -> None:
-        self.mesh, self.at = mesh, time.monotonic() + after
+    asking = False
 
-    def poll(self, missing: set[int]) -> bool:
-        if self.at is None or time.monotonic() < self.at:
-            return False
-        self.at = None
-        self.mesh.detours = {1: 0}
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.followed: list[tuple[int, int]] = []
+
+    def poll(self, missing: set[int], expired: bool) -> bool:
+        return False
+
+    def went_around(self, level: int, server: int) -> bool:
+        self.followed.append((level, server))
+        self.mesh.detours = {**self.mesh.detours, level: 1 - level}
         return True
 
 
-def test_a_neighbour_dialling_over_a_detour_not_planned_here_yet_is_kept_until_it_is():
-    """bcube:2,2, servers 0 and 2's level-1 switch silent. Server 0 found it first and dials
-    server 2 over level 0 at once; server 2 plans that detour half a second later. The
-    connection waits for it (refused, server 0 would count it made while server 2 waited
-    out its start timeout), and a message goes through it."""
+def _make_meshes(detours: dict[int, dict[int, int]]) -> tuple[list[Mesh], list[_FollowsDetours],
+                                                                 float]:
+    """bcube:2,2 on loopback, server s planning ``detours[s]``; every mesh established at
+    once. Returns the meshes, their ``SlowMesh``es and how long it took."""
     topology = Topology.parse("bcube:2,2")
     addresses = [(f"127.0.{40 + s}.1", f"127.0.{40 + s}.2") for s in range(4)]
-    meshes = [Mesh(77, s, topology, 5.0, {1: 0} if s == 0 else None, addresses,
-                   connect=False) for s in range(4)]
+    meshes = [Mesh(77, s, topology, 5.0, detours.get(s), addresses, connect=False)
+              for s in range(4)]
+    slow = [_FollowsDetours(mesh) for mesh in meshes]
     errors: dict[int, MeshError] = {}
 
     def establish(server: int) -> None:
-        late = _PlansLate(meshes[server], 0.5) if server == 2 else None
         try:
-            meshes[server].establish(5.0, late)
+            meshes[server].establish(5.0, slow[server])
         except MeshError as exc:
             errors[server] = exc
 
     threads = [threading.Thread(target=establish, args=(s,)) for s in range(4)]
     started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    took = time.monotonic() - started
+    if errors:
+        for mesh in meshes:
+            mesh.close(linger=0.0)
+    assert not errors, errors
+    return meshes, slow, took
+
+
+def _passes_a_message(near: Mesh, far: Mesh, key: tuple[int, int], back: tuple[int, int]) -> bool:
+    near.peers[key].send(Kind.HERE)
+    near.peers[key].flush()
+    sock = far.peers[back].sock
+    sock.setblocking(True)
+    return decode_message(read_message(sock, time.monotonic() + 2.0))[0] == Kind.HERE
+
+
+def test_a_neighbour_dialling_over_its_detour_makes_this_worker_plan_it_too():
+    """bcube:2,2: server 0 found its level-1 switch silent (it goes around it over level 0);
+    server 2, its level-1 neighbour, did not. Server 0 dials over the detour and says so;
+    server 2 plans the same detour at once (a neighbour's link to the switch may be down,
+    which only that neighbour sees), and the connection carries messages."""
+    meshes, slow, took = _make_meshes({0: {1: 0}})
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(10)
-        assert not errors, errors
-        assert time.monotonic() - started < 3.0  # once server 2 planned it, not at a timeout
-        meshes[0].peers[(1, 2)].send(Kind.HERE)
-        meshes[0].peers[(1, 2)].flush()
-        far = meshes[2].peers[(1, 0)].sock
-        far.setblocking(True)
-        assert decode_message(read_message(far, time.monotonic() + 2.0))[0] == Kind.HERE
+        assert took < 2.0
+        assert slow[2].followed == [(1, 0)] and meshes[2].detours == {1: 0}
+        assert _passes_a_message(meshes[0], meshes[2], (1, 2), (1, 0))
+    finally:
+        for mesh in meshes:
+            mesh.close(linger=0.0)
+
+
+def test_an_acceptor_that_goes_around_a_switch_turns_a_direct_dial_around():
+    """bcube:2,2: server 2 goes around its level-1 switch, server 0 does not. Server 0's
+    direct dial is answered "go around": server 0 plans the detour and dials over it."""
+    meshes, slow, took = _make_meshes({2: {1: 0}})
+    try:
+        assert took < 2.0
+        assert slow[0].followed == [(1, 2)] and meshes[0].detours == {1: 0}
+        assert _passes_a_message(meshes[2], meshes[0], (1, 0), (1, 2))
     finally:
         for mesh in meshes:
             mesh.close(linger=0.0)
