@@ -18,7 +18,8 @@ the two plans agree:
   it, and the dialler tries the direct way again.
 
 Dials do not block: each waits ``DIAL_WAIT`` beside everything else. Only the acceptor's
-answer adopts a connection at the dialler, so neither end keeps one the other closed.
+answer adopts a connection at the dialler; one that waited ``GREETING_WAIT`` for it dials
+again, and the acceptor replaces the first connection with the second.
 
 ``hosts.mesh.Mesh.establish`` does what this decides with sockets; the simulator
 (``simulation.workers``) does it over its network, so the deterministic simulator runs the
@@ -43,6 +44,10 @@ from hosts.recovery import (
 PeerKey = tuple[int, int]  # (level, neighbour's server)
 
 DIAL_WAIT = 1.0  # s a dial waits for the other end's kernel before it is given up
+# s a connected dial waits for the acceptor's answer: longer, since an acceptor that kept the
+# connection counts it as made (a switch that dies between the handshake and the HELLO
+# holds the HELLO; a previous call's frames may fill the queues on the way).
+GREETING_WAIT = 3 * DIAL_WAIT
 DIAL_RETRY = 0.05  # s after a dial the other end refused or closed
 
 
@@ -59,7 +64,11 @@ class _Dial:
     via: int  # the NIC level it goes over
     since: float
     guess: bool  # over the detour the plan does not have (the direct way went unanswered)
-    greeting: bool = False  # connected, HELLO sent, waiting for the answer
+    greeting: bool = False  # connected, HELLO sent, waiting for the answer (since ``since``)
+
+    @property
+    def wait(self) -> float:
+        return GREETING_WAIT if self.greeting else DIAL_WAIT
 
 
 class MeshConnector:
@@ -157,7 +166,7 @@ class MeshConnector:
             del self.dialing[key]
             self.next_try[key] = now
             return False
-        dial.greeting = True
+        dial.greeting, dial.since = True, now
         return True
 
     def answered(self, key: PeerKey, answer: dict, now: float) -> Verdict:
@@ -181,17 +190,16 @@ class MeshConnector:
 
     def stale_dials(self, now: float) -> list[PeerKey]:
         """Dials to give up now (the caller closes them): no answer from the other end's
-        kernel within ``DIAL_WAIT`` (a direct one: the detour is tried next), or over a NIC
-        the plan has left. Each is dialled again at once."""
+        kernel within ``DIAL_WAIT``, or from the acceptor within ``GREETING_WAIT`` (a direct
+        one: the detour is tried next), or over a NIC the plan has left. Each is dialled
+        again at once."""
         stale = []
         for key, dial in self.dialing.items():
-            if dial.greeting:
-                continue  # connected: the acceptor answers, or closes it
-            if now >= dial.since + DIAL_WAIT:  # as next_wake computes it
+            if now >= dial.since + dial.wait:  # as next_wake computes it
                 if dial.via == key[0]:
                     self.unanswered.add(key)
                 stale.append(key)
-            elif not dial.guess and dial.via != self.via(key[0]):
+            elif not dial.guess and not dial.greeting and dial.via != self.via(key[0]):
                 stale.append(key)
         for key in stale:
             del self.dialing[key]
@@ -202,13 +210,14 @@ class MeshConnector:
     def accepted(self, hello: dict, via: int) -> tuple[Verdict, PeerKey, dict | None]:
         """What to do with a connection that came in on NIC level ``via`` and said ``hello``
         (empty: no valid HELLO), and the answer to send (None: close without one). ADOPT
-        counts the neighbour as connected. DETOUR: the dialler planned the level's detour:
-        the caller plans it too and asks again."""
+        counts the neighbour as connected (a connection it already had is replaced: its
+        dialler gave up waiting for the answer and dialled again). DETOUR: the dialler
+        planned the level's detour: the caller plans it too and asks again."""
         dim, other = hello.get("dim"), hello.get("server")
         if type(dim) is not int or type(other) is not int:
             return Verdict.REFUSE, (-1, -1), None
         key = (dim, other)
-        if hello.get("job") != self.job or key not in self.expected or key in self.connected \
+        if hello.get("job") != self.job or key not in self.expected \
                 or via not in (dim, self._detour_of(dim)):
             return Verdict.REFUSE, key, None
         around = self.via(dim) != dim
@@ -228,20 +237,21 @@ class MeshConnector:
         waits = [self.deadline] if self.deadline > now else [float("inf")]
         waits += [self.next_try[key] for key in self.to_dial
                   if key not in self.connected and key not in self.dialing]
-        waits += [dial.since + DIAL_WAIT for dial in self.dialing.values() if not dial.greeting]
+        waits += [dial.since + dial.wait for dial in self.dialing.values()]
         return min(waits)
 
 
 class MeshSwitchCheck:
-    """While the mesh is made: which of the worker's switches to plan around. Each is asked
-    at once (``early``: when the start timeout leaves room for it), so a switch down before
-    the processes start is planned around ``START_DEADLINE`` into the mesh (every worker
-    process starting at once loads the switches too), and when the mesh's wait has expired,
-    the switches of the levels still missing neighbours are asked again
-    (``CONNECT_QUESTION_WAIT`` at least: other workers may still drain a previous call's
-    frames through them). A switch silent when its round ends, on a level that still
-    misses neighbours, is to be planned around; the mesh fails only once a round at its
-    expiry found none.
+    """While the mesh is made: which of the worker's switches to plan around. Rounds of
+    questions go to the switches of the levels still missing neighbours, one after the
+    other (``early``: when the start timeout leaves room for them), the first at once: a
+    switch down before the processes start is planned around ``START_DEADLINE`` into the
+    mesh (every worker process starting at once loads the switches too), and one that dies
+    while the mesh is made a round or two later. When the mesh's wait has expired, a last
+    round asks them (``CONNECT_QUESTION_WAIT`` at least: other workers may still drain a
+    previous call's frames through them). A switch silent when its round ends, on a level
+    that still misses neighbours, is to be planned around; the mesh fails only once the
+    round at its expiry found none.
 
     Without I/O: the caller sends a GENERATION question to the switch of each level ``due``
     returns, reports answers (``answered``), calls ``poll`` and re-plans around what it
@@ -250,9 +260,10 @@ class MeshSwitchCheck:
 
     def __init__(self, levels: set[int], nics: list[NicState], now: float,
                  early: bool) -> None:
-        self.nics = nics
+        self.nics, self.early = nics, early
         self.round: SwitchQuestions | None = None
         self.final = False  # the round under way is the one at the mesh's expiry
+        self.final_done = False  # it ended (the mesh fails unless re-planned)
         if early:
             self._start(levels, now, START_DEADLINE)
 
@@ -261,8 +272,8 @@ class MeshSwitchCheck:
 
     @property
     def asking(self) -> bool:
-        """A round is under way (the mesh waits for it before it fails)."""
-        return self.round is not None
+        """A round is under way, or due (the mesh does not fail yet)."""
+        return self.round is not None or not self.final_done
 
     def due(self, now: float) -> list[int]:
         """The levels whose switch to ask now."""
@@ -278,20 +289,30 @@ class MeshSwitchCheck:
     def poll(self, now: float, missing: set[int], expired: bool) -> set[int]:
         """The levels to plan around now: silent when their round ended, and still missing
         neighbours (``missing``, of the levels the plan uses). ``expired``: the mesh's wait
-        is over; a round starts for ``missing`` if none is under way."""
+        is over."""
         if self.round is None:
-            if not expired or not missing:
+            if expired and not missing:  # nothing left to plan around: the mesh fails
+                self.final_done = True
+            if not missing:
                 return set()
-            self.final = True
-            self._start(missing, now, CONNECT_QUESTION_WAIT)
+            if expired:
+                if self.final_done:
+                    return set()
+                self.final = True
+                self._start(missing, now, CONNECT_QUESTION_WAIT)
+            elif self.early:
+                self._start(missing, now, START_DEADLINE)
+            else:
+                return set()
         if not self.round.over(now):
             return set()
         silent, self.round = self.round.silent & missing, None
+        self.final_done = self.final  # ``replanned`` starts the wait again
         return silent
 
     def replanned(self, levels: set[int], now: float) -> None:
-        """Planned around what ``poll`` returned: after the first round, the switches left
-        are asked again at once; after the expiry's, the mesh's wait starts again."""
-        if not self.final:
+        """Planned around what ``poll`` returned: the switches left are asked again at once
+        (the mesh's wait starts again)."""
+        self.final = self.final_done = False
+        if self.early:
             self._start(levels, now, START_DEADLINE)
-        self.final = False

@@ -463,6 +463,9 @@ class Mesh:
                 sock.close()
 
     def _adopt(self, sock: socket.socket, dim: int, other: int) -> None:
+        old = self.peers.get((dim, other))
+        if old is not None:  # its dialler gave up on it and dialled again
+            old.sock.close()
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):

@@ -457,6 +457,23 @@ class Network:
                 return False
         return True
 
+    def handshake(self, hops: list[tuple[int, int]]) -> float | None:
+        """How long a connection's handshake segment (a SYN, its SYN-ACK, a RST) takes along
+        ``hops`` from now: the path's delay and the queues ahead of it on every link, or
+        None if the path cannot carry it now (``path_up``) or it is lost (drawn per link, as
+        a frame's loss is). It takes no link time and holds no queue."""
+        if not self.path_up(hops):
+            return None
+        shape, k, now = self.shape, self.topology.k, self.clock.now
+        if shape.loss and any(self.rng.random() < shape.loss for _ in hops):
+            return None
+        took = 0.0
+        for index, (server, level) in enumerate(hops):
+            link = self._links[server * k + level]
+            direction = link.down if index % 2 else link.up
+            took += max(0.0, direction.busy_until - now - took) + shape.delay
+        return took
+
     def queued(self, hops: list[tuple[int, int]]) -> bool:
         """Whether bytes handed to the connection along ``hops`` still wait outside its window
         (a paced socket's outbox, ``hosts.mesh.Peer.outbox``)."""

@@ -4,10 +4,13 @@ driven the way ``hosts.engine.Engine`` drives them, over the simulated network.
 What the engine does with sockets happens here with ``simulation.network``: frames go to
 ``Network.send_frame``, mesh messages down a reliable stream along the connection's route
 (direct, or over relays where the schedule has the level broken), and what arrives is given
-to the call with the virtual time. The mesh's connections are modelled as TCP's are used:
-a connection joins two workers while both are connecting (a new membership, or the start);
-closing one (a worker that re-plans, stops or dies) reaches the other end after everything
-sent before it, as a FIN does; messages of a connection that was replaced are dropped.
+to the call with the virtual time. The mesh is made as ``Mesh.establish`` makes it, by the
+engine's own ``hosts.connector`` (what to dial, over which NIC, what to keep, which switches
+to plan around): a dial's handshake crosses the network (``Network.handshake``; a worker
+that is not making its mesh refuses it, a lost one is given up after ``DIAL_WAIT``), and the
+greetings travel on the connection as messages do. Closing a connection (a worker that
+re-plans, stops or dies) reaches the other end after everything sent before it, as a FIN
+does; messages of a connection that was replaced are dropped.
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ import numpy as np
 from bml.protocol import HEADER_BYTES, PacketType, generation_question, job_udp_port
 from bml.schedule import connection_limit, mesh_is_control_only, stream_budgets
 from hosts.call import Call
+from hosts.connector import MeshConnector, MeshSwitchCheck, Verdict
 from hosts.errors import TransportError
 from hosts.membership import Membership, PartFailed, PeerKey, WorkerLost
-from hosts.mesh import CONTROL_RTO_MIN_US, abort_messages, decode_message
-from hosts.recovery import (
-    CONNECT_QUESTION_WAIT,
-    START_DEADLINE,
-    NicState,
-    SwitchQuestions,
-    question_wait,
+from hosts.mesh import (
+    CONTROL_RTO_MIN_US,
+    abort_messages,
+    decode_message,
+    hello_message,
+    hello_of,
 )
+from hosts.recovery import START_DEADLINE, NicState
 from hosts.stats import CallStats, Replan
 from simulation.network import MIN_RTO, Clock, Network
 
@@ -58,6 +62,15 @@ class Outcome:
     replans: list[Replan] = field(default_factory=list)
 
 
+@dataclass
+class _Accepted:
+    """A connection a neighbour dialled, accepted here and not adopted yet."""
+
+    dialer: int  # its home
+    via: int  # the NIC level it came in on
+    route: list[tuple[int, int]]  # back to the dialer
+
+
 class SimWorker:
     """One server's worker of one job."""
 
@@ -74,8 +87,7 @@ class SimWorker:
         self.state = State.IDLE
         self.calls = 0
         self.generation: int | None = None
-        self.mesh_id = 0
-        self.linked: dict[int, tuple[int, ...]] = {}  # peer's home -> connection id
+        self.linked: dict[int, int] = {}  # peer's home -> connection id
         self.inbox: dict[int, deque] = {}  # peer's home -> messages not yet given to a call
         self.closed: set[int] = set()  # peers' homes whose connection closed
         self.call: Call | None = None
@@ -83,8 +95,14 @@ class SimWorker:
         self.outcome: Outcome | None = None
         self.replans: list[Replan] = []
         self.call_started = 0.0
-        self.connect_deadline = 0.0
-        self.questions: SwitchQuestions | None = None  # to the switches, while connecting
+        # While the mesh is made (``connect``): what to dial and keep, the switch questions,
+        # the dials under way (key -> connection id, route), the connections accepted and
+        # not adopted yet, and when the connect loop next has something due.
+        self.connector: MeshConnector | None = None
+        self.check: MeshSwitchCheck | None = None
+        self.dialing: dict[PeerKey, tuple[int, list[tuple[int, int]]]] = {}
+        self.accepted: dict[int, _Accepted] = {}
+        self.connect_wake = float("inf")
         self.timer_at = float("inf")
         self.on_end: Callable[[SimWorker], None] | None = None
         self.aftermath: PartFailed | WorkerLost | None = None
@@ -116,122 +134,227 @@ class SimWorker:
             self._mesh_of = (plan, wanted, windows, min_rto)
         return self._mesh_of
 
-    def connect(self, keep: bool = False) -> None:
-        """Open the mesh (again): every neighbour that is connecting too, and that a working
-        path reaches, joins now, the others when they come, within ``start_timeout``.
-        ``keep``: the connections made stay (the mesh goes on after a re-planning)."""
+    def connect(self) -> None:
+        """Make the mesh afresh (a new membership, or the start), as ``Engine._connect``
+        does: ``MeshConnector`` decides what to dial and what to keep, ``MeshSwitchCheck``
+        which switches to plan around; their handshakes and HELLOs cross the network."""
+        self.close_mesh()
         self.state = State.CONNECTING
-        if not keep:
-            self.mesh_id = self.world.new_mesh_id()  # unique: a process's connections are new
-            self.calls = 0
-            self.linked.clear()
-            self.inbox.clear()
-            self.closed.clear()
-        self.connect_deadline = self.clock.now + self.start_timeout
-        self.clock.at(self.connect_deadline, self._connect_timeout, self.connect_deadline)
-        self.questions = None
-        if not keep and self.start_timeout > START_DEADLINE:  # ``Engine._connect``'s check
-            self._ask(set(self.plan.live_levels()), START_DEADLINE, final=False)
-        for home in self.wanted():
-            other = self.world.workers[home]
-            if other.state is State.CONNECTING and self.home in other.wanted() \
-                    and self.home not in other.linked and home not in self.linked \
-                    and other._route(self.home) == self._route(home)[::-1] \
-                    and self.network.path_up(self._route(home)):
-                ends = sorted(((self.home, self.mesh_id), (home, other.mesh_id)))
-                connection = (*ends[0], *ends[1])
-                self.linked[home] = connection
-                other.linked[self.home] = connection
-                self.routes[home] = self._route(home)
-                other.routes[self.home] = other._route(self.home)
-                other._maybe_connected()
-        self._maybe_connected()
+        self.calls = 0
+        self.inbox.clear()
+        self.closed.clear()
+        now, plan = self.clock.now, self.plan
+        self.connector = MeshConnector(plan.job, plan.server, plan.topology, plan.detours(),
+                                       self.start_timeout, now)
+        self.check = MeshSwitchCheck(set(plan.live_levels()), self.nics, now,
+                                     self.start_timeout > START_DEADLINE)
+        self.connect_wake = float("inf")
+        self._connect_step()
 
-    def _maybe_connected(self) -> None:
-        if self.state is State.CONNECTING and set(self.linked) >= set(self.wanted()):
-            self.state = State.CALLING
-            self._start_call()
-
-    def _missing_levels(self) -> set[int]:
-        """The levels on which neighbours have not connected yet."""
-        wanted = self.wanted()
-        return {wanted[home][0] for home in set(wanted) - set(self.linked)}
-
-    def _ask(self, levels: set[int], least_wait: float, final: bool) -> None:
-        """A round of questions to the switches of ``levels``, through the network to their
-        pipelines (``hosts.recovery.SwitchQuestions``, as the engine asks them)."""
-        questions = SwitchQuestions(levels, self.clock.now,
-                                    question_wait(self.nics, levels, least_wait))
-        self.questions = questions
-        self._question_round(questions, self.connect_deadline, final)
-
-    def _question_round(self, questions: SwitchQuestions, deadline: float, final: bool) -> None:
-        if self.questions is not questions or self.state is not State.CONNECTING \
-                or self.connect_deadline != deadline:
-            return  # connected, or another round or mesh since
-        now = self.clock.now
-        plan = self.plan
+    def _connect_step(self) -> None:
+        """A turn of ``Mesh.establish``'s loop: the switch check, the dials due or given up."""
+        connector, check = self.connector, self.check
+        if self.state is not State.CONNECTING or connector is None or check is None:
+            return
+        now, plan = self.clock.now, self.plan
+        expired = connector.expired(now)
+        silent = check.poll(now, connector.missing_levels() & set(plan.live_levels()), expired)
         me = plan.topology.digits(plan.server)
-        for level in questions.due(now):
+        for level in check.due(now):
             self.network.send_frame(self.home, level, job_udp_port(plan.job),
                                     generation_question(plan.probe_job(), me[level],
                                                         self.network.wire))
-        if not questions.over(now):
-            self.clock.at(questions.next_due(), self._question_round, questions, deadline, final)
+        if silent:
+            if not self._plan_around(silent, "did not answer while the mesh was made: down "
+                                     "or cut off"):
+                return
+            check.replanned(set(self.plan.live_levels()), now)
+        elif expired and not check.asking:
+            self._end(error=connector.error())
             return
-        self.questions = None
-        if self._plan_around(questions.silent & self._missing_levels()):
-            if not final and self.state is State.CONNECTING:  # as the engine: a new round
-                self._ask(set(self.plan.live_levels()), START_DEADLINE, final=False)
-            return
-        if final:
-            missing = sorted(set(self.wanted()) - set(self.linked))
-            self._end(error=f"job {self.plan.job} server {self.home}: no connection within "
-                      f"{self.start_timeout:g} s to server(s) {', '.join(map(str, missing))}: "
-                      "are all the job's workers running?")
+        for key in connector.stale_dials(now):
+            connection, route = self.dialing.pop(key)
+            self._reset(route, connection)
+        for key, via in connector.dials(now):
+            self._dial(key, via)
+        wake = max(now, min(connector.next_wake(now), check.next_due()))
+        if wake < self.connect_wake:
+            self.connect_wake = wake
+            self.clock.at(wake, self._connect_timer, connector)
 
-    def _connect_timeout(self, deadline: float) -> None:
-        """As ``Engine._connect`` at the start timeout: the switches of the levels still
-        missing neighbours are asked; a silent one is planned around, else the push fails."""
-        if self.state is not State.CONNECTING or self.connect_deadline != deadline:
-            return
-        self._ask(self._missing_levels() & set(self.plan.live_levels()),
-                  CONNECT_QUESTION_WAIT, final=True)
+    def _connect_timer(self, connector: MeshConnector) -> None:
+        if connector is self.connector and self.clock.now >= self.connect_wake:
+            self.connect_wake = float("inf")
+            self._connect_step()
 
-    def _plan_around(self, silent_levels: set[int]) -> bool:
-        """As ``Engine.replan_around``: re-plan around the switches of ``silent_levels`` and
-        connect over their detours; False if there are none."""
+    def _plan_around(self, levels: set[int], why: str) -> bool:
+        """As ``Engine.replan_around``: re-plan around this worker's switches of ``levels``
+        (its mesh then dials over their detours); False if the push ended (no plan around
+        them)."""
         plan = self.plan
-        silent = {(level, plan.topology.switch_index(plan.server, level))
-                  for level in silent_levels & set(plan.live_levels())}
-        if not silent:
-            return False
-        cause = (f"job {self.plan.job} server {self.home}: a switch did not answer while "
-                 "the mesh was made: down or cut off")
+        groups = {(level, plan.topology.switch_index(plan.server, level))
+                  for level in levels & set(plan.live_levels())}
+        if not groups:
+            return True
+        names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(groups))
+        cause = f"job {plan.job} server {plan.home}: switch(es) {names} {why}"
         try:
-            self.plan = self.plan.replanned(PartFailed(cause, silent))
+            self.plan = plan.replanned(PartFailed(cause, groups))
         except TransportError as exc:
             self._end(error=str(exc))
-            return True
+            return False
         self.replans.append(Replan(cause, self.plan.schedule.describe(), self.clock.now))
-        self.connect(keep=True)
+        if self.connector is not None:
+            self.connector.replanned(self.plan.detours(), self.clock.now)
         return True
+
+    def _went_around(self, level: int, server: int) -> bool:
+        """As ``Engine``'s ``went_around``: a neighbour's greeting says its plan goes around
+        ``level``'s switch; this worker's does too."""
+        return self._plan_around({level}, f"gone around by server {self.plan.home_of(server)}"
+                                 ": it, or a link to it, is down")
+
+    # Handshakes: a dial's SYN, the SYN-ACK or RST back (``Network.handshake``); a lost one
+    # is not answered, and the dial is given up after DIAL_WAIT, as the engine's socket is.
+    def _dial(self, key: PeerKey, via: int) -> None:
+        dim, server = key
+        home = self.plan.home_of(server)
+        route = self.network.route(self.home, home, dim, detour=via != dim)
+        connection = self.world.new_mesh_id()
+        self.dialing[key] = (connection, route)
+        took = self.network.handshake(route)
+        if took is not None:
+            self.clock.after(took, self.world.workers[home]._syn, self.home, connection, route)
+
+    def _syn(self, dialer: int, connection: int, route: list[tuple[int, int]]) -> None:
+        """A neighbour's dial arrives: accepted while this worker makes its mesh (its
+        listeners are open then), else refused by the kernel (a RST)."""
+        back = route[::-1]
+        other = self.world.workers[dialer]
+        if self.state is State.CONNECTING and self.connector is not None:
+            self.accepted[connection] = _Accepted(dialer, route[-1][1], back)
+            answer = other._dial_answered
+        else:
+            answer = other._dial_refused
+        took = self.network.handshake(back)
+        if took is not None:
+            self.clock.after(took, answer, connection, route)
+
+    def _dial_of(self, connection: int) -> PeerKey | None:
+        return next((key for key, (c, _r) in self.dialing.items() if c == connection), None)
+
+    def _dial_answered(self, connection: int, route: list[tuple[int, int]]) -> None:
+        """The dial's SYN-ACK: greet (a HELLO), or close it if the connector gave it up."""
+        key = self._dial_of(connection)
+        connector = self.connector
+        if key is None or connector is None or self.state is not State.CONNECTING:
+            self._reset(route, connection)  # a socket closed since: its kernel resets it
+            return
+        if connector.dial_connected(key, self.clock.now):
+            self._greet(route, connection, connector.hello(key))
+        else:
+            del self.dialing[key]
+            self._reset(route, connection)
+        self._connect_step()
+
+    def _greet(self, route: list[tuple[int, int]], connection: int, greeting: dict) -> None:
+        """A HELLO (or an acceptor's answer) on a connection not adopted yet."""
+        other = self.world.workers[route[-1][0]]
+        _plan, _wanted, _windows, min_rto = self._mesh()
+        message = hello_message(greeting)
+        self.network.send_stream(route, len(message), lambda: other._arrived(
+            self.home, message, connection, False), min_rto)
+
+    def _answered(self, key: PeerKey, answer: dict) -> None:
+        """The acceptor's answer to this worker's HELLO (``MeshConnector.answered``)."""
+        connector = self.connector
+        now = self.clock.now
+        connection, route = self.dialing[key]
+        verdict = connector.answered(key, answer, now)
+        if verdict is Verdict.DETOUR:
+            if not self._went_around(*key):
+                return
+            verdict = connector.answered(key, answer, now)
+        self.dialing.pop(key, None)
+        if verdict is Verdict.ADOPT:
+            home = self.plan.home_of(key[1])
+            self.linked[home], self.routes[home] = connection, route
+            self._maybe_connected()
+        else:
+            self._reset(route, connection)
+        self._connect_step()
+
+    def _dial_refused(self, connection: int, _route: list[tuple[int, int]]) -> None:
+        key = self._dial_of(connection)
+        if key is not None and self.connector is not None:
+            del self.dialing[key]
+            self.connector.dial_failed(key, self.clock.now)
+            self._connect_step()
+
+    def _reset(self, route: list[tuple[int, int]], connection: int) -> None:
+        """This end closes a connection the other end may hold (a RST)."""
+        took = self.network.handshake(route)
+        if took is not None:
+            self.clock.after(took, self.world.workers[route[-1][0]]._was_reset, self.home,
+                             connection)
+
+    def _was_reset(self, sender: int, connection: int) -> None:
+        if self.accepted.pop(connection, None) is None and self.linked.get(sender) == connection:
+            self._arrived(sender, b"", connection, True)  # one it had adopted: closed
+
+    def _judge(self, connection: int, hello: dict) -> None:
+        """An accepted connection's HELLO: answered, and adopted or closed
+        (``MeshConnector.accepted``)."""
+        accepted = self.accepted.pop(connection)
+        verdict, key, answer = self.connector.accepted(hello, accepted.via)
+        if verdict is Verdict.DETOUR:
+            if not self._went_around(*key):
+                self._close_stream(accepted.route, accepted.dialer, connection)
+                return
+            verdict, key, answer = self.connector.accepted(hello, accepted.via)
+        if answer is not None:
+            self._greet(accepted.route, connection, answer)
+        if verdict is not Verdict.ADOPT:
+            self._close_stream(accepted.route, accepted.dialer, connection)
+            return
+        home = self.plan.home_of(key[1])
+        self.linked[home], self.routes[home] = connection, accepted.route
+        self._maybe_connected()
+
+    def _maybe_connected(self) -> None:
+        if self.state is State.CONNECTING and self.connector is not None \
+                and self.connector.done:
+            self._stop_connecting()
+            self.state = State.CALLING
+            self._start_call()
+
+    def _stop_connecting(self) -> None:
+        """As ``Mesh.establish`` ends: the accepted connections not adopted and the dials
+        under way are closed."""
+        for connection, accepted in self.accepted.items():
+            self._close_stream(accepted.route, accepted.dialer, connection)
+        for connection, route in self.dialing.values():
+            self._reset(route, connection)
+        self.accepted.clear()
+        self.dialing.clear()
+        self.connector = self.check = None
 
     def close_mesh(self) -> None:
         """Every connection of this worker closes; each neighbour learns it after what was
         sent on it before."""
+        self._stop_connecting()
         for home, connection in list(self.linked.items()):
             self._stream(home, b"", connection, closing=True)
         self.linked.clear()
 
-    def _route(self, home: int) -> list[tuple[int, int]]:
-        key = self.wanted().get(home)
-        dim = key[0] if key is not None else 0
-        whole = self.plan.whole
-        detour = whole.k > 1 and self.plan.schedule.is_broken(self.plan.server, dim)
-        return self.network.route(self.home, home, dim, detour)
+    def _close_stream(self, route: list[tuple[int, int]], other: int, connection: int) -> None:
+        """Close a connection not adopted here: the other end learns it after what this end
+        sent on it (nothing)."""
+        _plan, _wanted, _windows, min_rto = self._mesh()
+        self.network.send_stream(route, 1, lambda: self.world.workers[other]._arrived(
+            self.home, b"", connection, True), min_rto)
 
-    def _stream(self, home: int, message: bytes, connection: tuple[int, ...],
+    def _stream(self, home: int, message: bytes, connection: int,
                 closing: bool = False) -> None:
         other = self.world.workers[home]
         # Set and paced as hosts.mesh sets and paces its sockets (``_mesh``).
@@ -247,10 +370,26 @@ class SimWorker:
         route = self.routes.get(self.plan.home_of(key[1]))
         return route is not None and self.network.queued(route)
 
-    def _arrived(self, sender: int, message: bytes, connection: tuple[int, ...],
-                 closing: bool) -> None:
-        if self.state in (State.DEAD, State.FAILED) or self.linked.get(sender) != connection:
-            return  # a connection that was replaced or a process that is gone
+    def _arrived(self, sender: int, message: bytes, connection: int, closing: bool) -> None:
+        if self.state in (State.DEAD, State.FAILED):
+            return  # a process that is gone
+        if connection in self.accepted:  # accepted, not judged yet: its HELLO
+            if closing:
+                del self.accepted[connection]
+            else:
+                self._judge(connection, hello_of(message))
+            return
+        key = self._dial_of(connection)
+        if key is not None and self.connector is not None and self.connector.greeting(key):
+            if closing:  # refused without an answer
+                self.dialing.pop(key)
+                self.connector.dial_failed(key, self.clock.now)
+                self._connect_step()
+            else:
+                self._answered(key, hello_of(message))
+            return
+        if self.linked.get(sender) != connection:
+            return  # a connection that was replaced, or one not adopted
         if closing:
             del self.linked[sender]
             self.closed.add(sender)
@@ -285,9 +424,9 @@ class SimWorker:
         if self.state is State.CALLING and self.call is not None:
             self.call.on_frame(self.clock.now, level, payload)
             self._pump()
-        elif (self.state is State.CONNECTING and self.questions is not None
+        elif (self.state is State.CONNECTING and self.check is not None
               and len(payload) >= HEADER_BYTES and payload[0] == PacketType.GENERATION):
-            self.questions.answered(level)
+            self.check.answered(level)
 
     # --- calls ---------------------------------------------------------------------------
     def push(self, flat: np.ndarray) -> None:
@@ -399,7 +538,6 @@ class SimWorker:
 
     def _reconnect(self) -> None:
         if self.state is State.CONNECTING:
-            self.close_mesh()
             self.connect()
 
     def _end(self, result: np.ndarray | None = None, error: str | None = None,

@@ -141,6 +141,28 @@ def test_a_switch_down_before_the_workers_connect_is_planned_around_within_secon
         [w.replans[0].gave_up_at for w in group]
 
 
+@pytest.mark.parametrize("server", [0, 1])
+def test_a_nic_down_before_the_workers_connect_is_planned_around_by_both_ends(server):
+    """bcube:2,2, one end's link to s0_0 (servers 0 and 1) down before the processes start:
+    only that server sees its switch silent. Whichever end it is (0 dials, 1 accepts), the
+    greeting makes the other plan the same detour (server 0's direct dial unanswered, its
+    next goes around; or server 0 dials around and says so), and every sum is right long
+    before the start timeout."""
+    scenario = trial("bcube:2,2", "in-network")
+    world = World(scenario)
+    world.network.set_link(server, 0, up=False)
+    grads = gradients(np.random.default_rng(2), 4, scenario.floats)
+    workers = world.call(grads, [], 60.0)
+    expected = ExpectedSum(grads, scenario.lanes)
+    for home, worker in workers.items():
+        assert worker.outcome is not None and worker.outcome.error is None, (home, worker.state)
+        assert wrong_sum(worker.outcome.result, expected) is None
+        assert worker.outcome.ended < START_DEADLINE + 1.5  # not at the start timeout
+    other = 1 - server
+    assert "did not answer while the mesh was made" in workers[server].replans[0].cause
+    assert f"gone around by server {server}" in workers[other].replans[0].cause
+
+
 def test_every_exponents_and_done_message_is_followed_by_a_here(monkeypatch):
     """A call's EXPONENTS and DONE are the last thing on their connections for a while, so a
     lost one would wait for a TCP timeout (the exchange's, lengthened by the queues of the
