@@ -182,6 +182,33 @@ def test_bcube_switch_down_before_the_push_is_planned_around_before_the_start_ti
         used_again(state, tmp_path, 4, 36)
 
 
+def test_bcube_nic_down_before_the_push_is_planned_around_by_both_ends(tmp_path):
+    """bcube:2,2 in-network, server 1's link to s0_0 down before any worker starts. Only
+    server 1 sees it (its switch silent); server 0, which dials it on level 0, sees its switch
+    answer and its dials go unanswered. Its next dial goes around the switch, server 1 keeps
+    it (it planned the detour 3 s in) and says so, and server 0 plans the detour too: every
+    sum is right long before the 30 s start timeout, and after the restore the next push
+    uses the link again."""
+    with emulation("tdn", "bcube:2,2") as state:
+        Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "in-network")
+        net.fail_link(state, "h1", "eth0", end="switch")
+        grads = gradients(4, 100_003, 37)
+        started = time.monotonic()
+        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4,
+                             ["--start-timeout", "30", "--timeout", str(TIMEOUT)])
+        took = time.monotonic() - started
+        assert_correct(results, grads)
+        said = results[1].stdout
+        assert "switch(es) s0_0 did not answer while the mesh was made" in said, said
+        said = results[0].stdout
+        assert "switch(es) s0_0 gone around by server 1" in said, said
+        assert took < 30, f"the pushes took {took:.1f} s: the two ends did not agree on the " \
+            "detour while the mesh was made"
+        print(f"\npushes around a NIC down before their start: {took:.1f} s")
+        net.restore_link(state, "h1", "eth0")
+        used_again(state, tmp_path, 4, 38)
+
+
 def test_bcube_nic_down_is_replanned_and_used_again_after_restore(tmp_path):
     """bcube:3,2 mixed: server 4's level-0 NIC loses its carrier mid-push; its group (3, 4, 5)
     runs level 0 in the hosts. Links at 5 Mbit/s, so that the push outlasts the detection
