@@ -170,14 +170,11 @@ class Engine:
         """Re-plan around this worker's switches of ``silent_levels`` (False if none): the
         mesh then dials over their detours. TransportError if there is no plan around
         them."""
-        plan = self.plan
-        silent = {(level, plan.topology.switch_index(plan.server, level))
-                  for level in silent_levels & set(plan.live_levels())}
-        if not silent:
+        around = self.plan.around(silent_levels, why)
+        if around is None:
             return False
-        names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(silent))
-        cause = f"job {plan.job} server {plan.home}: switch(es) {names} {why}"
-        plan = self.plan = plan.replanned(PartFailed(cause, silent))
+        plan, cause = around
+        self.plan = plan
         self.connect_replans.append(Replan(cause, plan.schedule.describe(), time.monotonic()))
         mesh.detours = plan.detours()
         return True

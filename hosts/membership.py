@@ -128,6 +128,18 @@ class Membership:
             raise TransportError(f"{failure}; no re-planning around it: {exc}") from None
         return replace(self, schedule=schedule)
 
+    def around(self, levels: set[int], why: str) -> tuple[Membership, str] | None:
+        """Re-planned around this worker's switches of ``levels`` (of those it still counts
+        on), with the cause naming them ("switch(es) ... ``why``"); None if there are none.
+        TransportError if there is no plan around them."""
+        groups = {(level, self.topology.switch_index(self.server, level))
+                  for level in levels & set(self.live_levels())}
+        if not groups:
+            return None
+        names = ", ".join(self.topology.switch_at(*group).name for group in sorted(groups))
+        cause = f"job {self.job} server {self.home}: switch(es) {names} {why}"
+        return self.replanned(PartFailed(cause, groups)), cause
+
     def after(self, failure: PartFailed | WorkerLost | None) -> Membership:
         """The membership for the next call after a call that had its sum but saw
         ``failure``: re-planned around a part it did not know; else as it is (a part that

@@ -191,18 +191,14 @@ class SimWorker:
         """As ``Engine.replan_around``: re-plan around this worker's switches of ``levels``
         (its mesh then dials over their detours); False if the push ended (no plan around
         them)."""
-        plan = self.plan
-        groups = {(level, plan.topology.switch_index(plan.server, level))
-                  for level in levels & set(plan.live_levels())}
-        if not groups:
-            return True
-        names = ", ".join(plan.topology.switch_at(*group).name for group in sorted(groups))
-        cause = f"job {plan.job} server {plan.home}: switch(es) {names} {why}"
         try:
-            self.plan = plan.replanned(PartFailed(cause, groups))
+            around = self.plan.around(levels, why)
         except TransportError as exc:
             self._end(error=str(exc))
             return False
+        if around is None:
+            return True
+        self.plan, cause = around
         self.replans.append(Replan(cause, self.plan.schedule.describe(), self.clock.now))
         if self.connector is not None:
             self.connector.replanned(self.plan.detours(), self.clock.now)
