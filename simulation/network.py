@@ -457,22 +457,32 @@ class Network:
                 return False
         return True
 
-    def handshake(self, hops: list[tuple[int, int]]) -> float | None:
-        """How long a connection's handshake segment (a SYN, its SYN-ACK, a RST) takes along
-        ``hops`` from now: the path's delay and the queues ahead of it on every link, or
-        None if the path cannot carry it now (``path_up``) or it is lost (drawn per link, as
-        a frame's loss is). It takes no link time and holds no queue."""
+    def handshake(self, hops: list[tuple[int, int]], on_arrival: Callable[..., None],
+                  *args) -> None:
+        """A connection's handshake segment (a SYN, its SYN-ACK, a RST) along ``hops``:
+        ``on_arrival(*args)`` once it is in, after the path's delay and the queues ahead of
+        it on every link. Lost if the path cannot carry it as it leaves or as it arrives
+        (``path_up``: a link or switch that fails under it), or by the links' loss, drawn
+        per link as a frame's is. It takes no link time and holds no queue."""
         if not self.path_up(hops):
-            return None
+            return
         shape, k, now = self.shape, self.topology.k, self.clock.now
         if shape.loss and any(self.rng.random() < shape.loss for _ in hops):
-            return None
+            return
         took = 0.0
         for index, (server, level) in enumerate(hops):
             link = self._links[server * k + level]
             direction = link.down if index % 2 else link.up
             took += max(0.0, direction.busy_until - now - took) + shape.delay
-        return took
+        epochs = [self._links[server * k + level].epoch for server, level in hops]
+        self.clock.after(took, self._handshake_arrives, hops, epochs, on_arrival, args)
+
+    def _handshake_arrives(self, hops: list[tuple[int, int]], epochs: list[int],
+                           on_arrival: Callable[..., None], args: tuple) -> None:
+        k = self.topology.k
+        if self.path_up(hops) and epochs == [self._links[server * k + level].epoch
+                                             for server, level in hops]:
+            on_arrival(*args)
 
     def queued(self, hops: list[tuple[int, int]]) -> bool:
         """Whether bytes handed to the connection along ``hops`` still wait outside its window

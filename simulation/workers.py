@@ -218,9 +218,8 @@ class SimWorker:
         route = self.network.route(self.home, home, dim, detour=via != dim)
         connection = self.world.new_mesh_id()
         self.dialing[key] = (connection, route)
-        took = self.network.handshake(route)
-        if took is not None:
-            self.clock.after(took, self.world.workers[home]._syn, self.home, connection, route)
+        self.network.handshake(route, self.world.workers[home]._syn, self.home, connection,
+                               route)
 
     def _syn(self, dialer: int, connection: int, route: list[tuple[int, int]]) -> None:
         """A neighbour's dial arrives: accepted while this worker makes its mesh (its
@@ -232,9 +231,7 @@ class SimWorker:
             answer = other._dial_answered
         else:
             answer = other._dial_refused
-        took = self.network.handshake(back)
-        if took is not None:
-            self.clock.after(took, answer, connection, route)
+        self.network.handshake(back, answer, connection, route)
 
     def _dial_of(self, connection: int) -> PeerKey | None:
         return next((key for key, (c, _r) in self.dialing.items() if c == connection), None)
@@ -289,10 +286,8 @@ class SimWorker:
 
     def _reset(self, route: list[tuple[int, int]], connection: int) -> None:
         """This end closes a connection the other end may hold (a RST)."""
-        took = self.network.handshake(route)
-        if took is not None:
-            self.clock.after(took, self.world.workers[route[-1][0]]._was_reset, self.home,
-                             connection)
+        self.network.handshake(route, self.world.workers[route[-1][0]]._was_reset, self.home,
+                               connection)
 
     def _was_reset(self, sender: int, connection: int) -> None:
         if self.accepted.pop(connection, None) is None and self.linked.get(sender) == connection:
