@@ -236,8 +236,7 @@ class Mesh:
         bml.sockets.QUEUE_BUDGET; less where the NIC also carries aggregation frames).
         ``control_only``: the mesh carries only the calls' control messages (a short TCP
         timeout, ``CONTROL_RTO_MIN_US``). ``connect``: establish the connections now; else the
-        caller calls ``establish``, and may call it again for the ones still ``missing``
-        (after changing ``detours``)."""
+        caller calls ``establish`` (which connects only the neighbours not connected yet)."""
         self.job, self.server, self.topology = job, server, topology
         self.control_only = control_only
         self.detours = dict(detours or {})
@@ -305,12 +304,6 @@ class Mesh:
         for peer in self.peers.values():
             peer.sock.close()
         self.peers.clear()
-
-    def missing(self) -> list[tuple[int, int]]:
-        """(dim, server) of the neighbours not connected yet."""
-        topo, me = self.topology, self.server
-        return sorted({(dim, s) for dim in range(topo.k) for s in topo.neighbours(me, dim)}
-                      - set(self.peers))
 
     def establish(self, timeout: float, slow: SlowMesh | None = None) -> None:
         """Connect to every neighbour not connected yet, within ``timeout`` (MeshError).

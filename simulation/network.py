@@ -469,19 +469,18 @@ class Network:
         shape, k, now = self.shape, self.topology.k, self.clock.now
         if shape.loss and any(self.rng.random() < shape.loss for _ in hops):
             return
+        links = [self._links[server * k + level] for server, level in hops]
         took = 0.0
-        for index, (server, level) in enumerate(hops):
-            link = self._links[server * k + level]
+        for index, link in enumerate(links):
             direction = link.down if index % 2 else link.up
             took += max(0.0, direction.busy_until - now - took) + shape.delay
-        epochs = [self._links[server * k + level].epoch for server, level in hops]
-        self.clock.after(took, self._handshake_arrives, hops, epochs, on_arrival, args)
+        self.clock.after(took, self._handshake_arrives, hops, links,
+                         [link.epoch for link in links], on_arrival, args)
 
-    def _handshake_arrives(self, hops: list[tuple[int, int]], epochs: list[int],
-                           on_arrival: Callable[..., None], args: tuple) -> None:
-        k = self.topology.k
-        if self.path_up(hops) and epochs == [self._links[server * k + level].epoch
-                                             for server, level in hops]:
+    def _handshake_arrives(self, hops: list[tuple[int, int]], links: list[_Link],
+                           epochs: list[int], on_arrival: Callable[..., None],
+                           args: tuple) -> None:
+        if self.path_up(hops) and epochs == [link.epoch for link in links]:
             on_arrival(*args)
 
     def queued(self, hops: list[tuple[int, int]]) -> bool:

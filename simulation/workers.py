@@ -216,7 +216,7 @@ class SimWorker:
         dim, server = key
         home = self.plan.home_of(server)
         route = self.network.route(self.home, home, dim, detour=via != dim)
-        connection = self.world.new_mesh_id()
+        connection = self.world.new_connection_id()
         self.dialing[key] = (connection, route)
         self.network.handshake(route, self.world.workers[home]._syn, self.home, connection,
                                route)
@@ -244,19 +244,20 @@ class SimWorker:
             self._reset(route, connection)  # a socket closed since: its kernel resets it
             return
         if connector.dial_connected(key, self.clock.now):
-            self._greet(route, connection, connector.hello(key))
+            self._unadopted(route, connection, hello_message(connector.hello(key)))
         else:
             del self.dialing[key]
             self._reset(route, connection)
         self._connect_step()
 
-    def _greet(self, route: list[tuple[int, int]], connection: int, greeting: dict) -> None:
-        """A HELLO (or an acceptor's answer) on a connection not adopted yet."""
+    def _unadopted(self, route: list[tuple[int, int]], connection: int, message: bytes = b"",
+                   closing: bool = False) -> None:
+        """A greeting, or a close, on a connection not adopted here (not paced: nothing else
+        goes on it yet)."""
         other = self.world.workers[route[-1][0]]
         _plan, _wanted, _windows, min_rto = self._mesh()
-        message = hello_message(greeting)
-        self.network.send_stream(route, len(message), lambda: other._arrived(
-            self.home, message, connection, False), min_rto)
+        self.network.send_stream(route, max(len(message), 1), lambda: other._arrived(
+            self.home, message, connection, closing), min_rto)
 
     def _answered(self, key: PeerKey, answer: dict) -> None:
         """The acceptor's answer to this worker's HELLO (``MeshConnector.answered``)."""
@@ -300,13 +301,13 @@ class SimWorker:
         verdict, key, answer = self.connector.accepted(hello, accepted.via)
         if verdict is Verdict.DETOUR:
             if not self._went_around(*key):
-                self._close_stream(accepted.route, accepted.dialer, connection)
+                self._unadopted(accepted.route, connection, closing=True)
                 return
             verdict, key, answer = self.connector.accepted(hello, accepted.via)
         if answer is not None:
-            self._greet(accepted.route, connection, answer)
+            self._unadopted(accepted.route, connection, hello_message(answer))
         if verdict is not Verdict.ADOPT:
-            self._close_stream(accepted.route, accepted.dialer, connection)
+            self._unadopted(accepted.route, connection, closing=True)
             return
         home = self.plan.home_of(key[1])
         self.linked[home], self.routes[home] = connection, accepted.route
@@ -323,7 +324,7 @@ class SimWorker:
         """As ``Mesh.establish`` ends: the accepted connections not adopted and the dials
         under way are closed."""
         for connection, accepted in self.accepted.items():
-            self._close_stream(accepted.route, accepted.dialer, connection)
+            self._unadopted(accepted.route, connection, closing=True)
         for connection, route in self.dialing.values():
             self._reset(route, connection)
         self.accepted.clear()
@@ -337,13 +338,6 @@ class SimWorker:
         for home, connection in list(self.linked.items()):
             self._stream(home, b"", connection, closing=True)
         self.linked.clear()
-
-    def _close_stream(self, route: list[tuple[int, int]], other: int, connection: int) -> None:
-        """Close a connection not adopted here: the other end learns it after what this end
-        sent on it (nothing)."""
-        _plan, _wanted, _windows, min_rto = self._mesh()
-        self.network.send_stream(route, 1, lambda: self.world.workers[other]._arrived(
-            self.home, b"", connection, True), min_rto)
 
     def _stream(self, home: int, message: bytes, connection: int,
                 closing: bool = False) -> None:
@@ -561,6 +555,6 @@ class WorkerWorld:
     network: Network
     workers: dict[int, SimWorker]
 
-    def new_mesh_id(self) -> int:
+    def new_connection_id(self) -> int:
         raise NotImplementedError
 

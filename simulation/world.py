@@ -101,7 +101,7 @@ class World(WorkerWorld):
         self.unprovisioned: set[str] = set()  # restored switches the monitor has not seen
         self.schedule = make_schedule(self.topology, scenario.schedule)
         self.workers: dict[int, SimWorker] = {}
-        self.meshes = 0
+        self.connections = 0
         for server in range(self.topology.num_servers):
             self.workers[server] = self._new_worker(server)
 
@@ -110,9 +110,9 @@ class World(WorkerWorld):
         plan = Membership.of(JOB, server, self.topology, self.schedule)
         return SimWorker(self, plan, s.window, s.timeout, s.start_timeout)
 
-    def new_mesh_id(self) -> int:
-        self.meshes += 1
-        return self.meshes
+    def new_connection_id(self) -> int:
+        self.connections += 1
+        return self.connections
 
     def _deliver(self, server: int, level: int, payload: bytes) -> None:
         self.workers[server].on_frame(level, payload)
