@@ -155,6 +155,18 @@ def test_bcube_switch_killed_is_replanned_and_used_again_after_restore(target, t
         used_again(state, tmp_path, 4, 32)
 
 
+def pushed_right_from_the_start(state, tmp_path, seed: int) -> tuple[list, float]:
+    """bcube:2,2: four fresh workers push (their meshes made in the push, a 30 s start
+    timeout) and every sum is right; returns their results and how long the pushes took."""
+    grads = gradients(4, 100_003, seed)
+    started = time.monotonic()
+    results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4,
+                         ["--start-timeout", "30", "--timeout", str(TIMEOUT)])
+    took = time.monotonic() - started
+    assert_correct(results, grads)
+    return results, took
+
+
 def test_bcube_switch_down_before_the_push_is_planned_around_before_the_start_timeout(
         tmp_path):
     """bcube:2,2 in-network, s1_0 (servers 0 and 2) down before any worker starts: those two
@@ -165,12 +177,7 @@ def test_bcube_switch_down_before_the_push_is_planned_around_before_the_start_ti
     with emulation("tdb", "bcube:2,2") as state:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "in-network")
         net.fail_switch(state, "s1_0")
-        grads = gradients(4, 100_003, 35)
-        started = time.monotonic()
-        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4,
-                             ["--start-timeout", "30", "--timeout", str(TIMEOUT)])
-        took = time.monotonic() - started
-        assert_correct(results, grads)
+        results, took = pushed_right_from_the_start(state, tmp_path, 35)
         for server in (0, 2):
             said = results[server].stdout
             assert "switch(es) s1_0 did not answer while the mesh was made" in said, said
@@ -192,12 +199,7 @@ def test_bcube_nic_down_before_the_push_is_planned_around_by_both_ends(tmp_path)
     with emulation("tdn", "bcube:2,2") as state:
         Fabric.load(state.run_dir / "fabric.json").add_scheduled_job(JOB, "in-network")
         net.fail_link(state, "h1", "eth0", end="switch")
-        grads = gradients(4, 100_003, 37)
-        started = time.monotonic()
-        results = run_pushes(state, JOB, pushes(grads, None), tmp_path, 4,
-                             ["--start-timeout", "30", "--timeout", str(TIMEOUT)])
-        took = time.monotonic() - started
-        assert_correct(results, grads)
+        results, took = pushed_right_from_the_start(state, tmp_path, 37)
         said = results[1].stdout
         assert "switch(es) s0_0 did not answer while the mesh was made" in said, said
         said = results[0].stdout

@@ -137,6 +137,19 @@ def test_a_switch_already_down_when_a_call_starts_is_planned_around():
     assert verdict.gst < Scenario().start_timeout  # not once the start timeout had passed
 
 
+def every_sum_right(world: World, scenario: Scenario, seed: int, ends_before: float) -> dict:
+    """Every worker of ``world`` pushes from a fresh process (its mesh made in the call) and
+    returns the right sum before ``ends_before``; returns the workers."""
+    grads = gradients(np.random.default_rng(seed), world.topology.num_servers, scenario.floats)
+    workers = world.call(grads, [], 60.0)
+    expected = ExpectedSum(grads, scenario.lanes)
+    for home, worker in workers.items():
+        assert worker.outcome is not None and worker.outcome.error is None, (home, worker.state)
+        assert wrong_sum(worker.outcome.result, expected) is None
+        assert worker.outcome.ended < ends_before  # not at the start timeout
+    return workers
+
+
 def test_a_switch_down_before_the_workers_connect_is_planned_around_within_seconds():
     """s1_2 is down before the processes start: its servers cannot connect on level 1; they
     asked it as their mesh began, find it silent ``START_DEADLINE`` later, and connect over
@@ -144,13 +157,7 @@ def test_a_switch_down_before_the_workers_connect_is_planned_around_within_secon
     scenario = trial("bcube:3,2", "in-network")
     world = World(scenario)
     world.network.kill_switch("s1_2")
-    grads = gradients(np.random.default_rng(1), 9, scenario.floats)
-    workers = world.call(grads, [], 60.0)
-    expected = ExpectedSum(grads, scenario.lanes)
-    for server, worker in workers.items():
-        assert worker.outcome is not None and worker.outcome.error is None, (server, worker.state)
-        assert wrong_sum(worker.outcome.result, expected) is None
-        assert worker.outcome.ended < scenario.start_timeout
+    workers = every_sum_right(world, scenario, 1, ends_before=scenario.start_timeout)
     group = [workers[s] for s in (2, 5, 8)]  # s1_2's servers re-planned while connecting
     assert all("while the mesh was made" in w.replans[0].cause for w in group)
     assert all(START_DEADLINE <= w.replans[0].gave_up_at < START_DEADLINE + 0.1 for w in group), \
@@ -167,13 +174,7 @@ def test_a_nic_down_before_the_workers_connect_is_planned_around_by_both_ends(se
     scenario = trial("bcube:2,2", "in-network")
     world = World(scenario)
     world.network.set_link(server, 0, up=False)
-    grads = gradients(np.random.default_rng(2), 4, scenario.floats)
-    workers = world.call(grads, [], 60.0)
-    expected = ExpectedSum(grads, scenario.lanes)
-    for home, worker in workers.items():
-        assert worker.outcome is not None and worker.outcome.error is None, (home, worker.state)
-        assert wrong_sum(worker.outcome.result, expected) is None
-        assert worker.outcome.ended < START_DEADLINE + 1.5  # not at the start timeout
+    workers = every_sum_right(world, scenario, 2, ends_before=START_DEADLINE + 1.5)
     other = 1 - server
     assert "did not answer while the mesh was made" in workers[server].replans[0].cause
     assert f"gone around by server {server}" in workers[other].replans[0].cause
